@@ -1,0 +1,71 @@
+# gemma3-ray — the two commands: `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TOOLS  := $(CURDIR)/.tools
+# The only torch a CPU machine here installs from local disk; an unpinned torch pulls a CUDA build.
+TORCH_CPU := torch==2.13.0
+CHECKOV_VENV := .venv-checkov
+CHECKOV_VERSION := 3.3.30
+CHART := charts/gemma3-ray
+
+export PATH := $(TOOLS)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+export HELM  := $(TOOLS)/bin/helm
+export HELM3 := $(TOOLS)/bin/helm3
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: help setup tools venv checkov sync-trainer test lint demo prereqs bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+setup: tools venv checkov  ## install everything tests and the demo need (project-local, idempotent)
+
+tools: $(TOOLS)/bin/helm  ## pinned Helm 4 and Helm 3 into .tools/bin (sha256-verified)
+$(TOOLS)/bin/helm: scripts/install-tools.sh
+	scripts/install-tools.sh $(TOOLS)
+	@touch $@
+
+venv: $(VENV)/.stamp  ## .venv with CPU torch, the trainer's pinned runtime and the test deps
+$(VENV)/.stamp: pyproject.toml trainer/requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_CPU)
+	grep -vE '^torch==' trainer/requirements.txt > $(VENV)/runtime-requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/runtime-requirements.txt -e '.[test]' $(TORCH_CPU)
+	@touch $@
+
+checkov: $(CHECKOV_VENV)/.stamp  ## checkov in a venv of its own (it pins many packages)
+$(CHECKOV_VENV)/.stamp:
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
+	@touch $@
+
+sync-trainer:  ## copy trainer/ into the chart (the chart ships a self-contained copy)
+	rm -rf $(CHART)/files/trainer && mkdir -p $(CHART)/files/trainer
+	cp trainer/*.py trainer/requirements.txt $(CHART)/files/trainer/
+
+lint: setup  ## ruff
+	$(PY) -m ruff check .
+
+test: setup  ## the test suite (offline; CPU)
+	$(PY) -m ruff check .
+	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q tests
+
+demo: setup  ## the chart's own RayJob, end to end, on a local Ray cluster
+	$(PY) -m demo
+
+prereqs: setup  ## plan the GCP prerequisites (dry run); APPLY=1 creates them
+	$(VENV)/bin/gemma3-ray prereqs $(if $(APPLY),,--dry-run) $(ARGS)
+
+bench: setup  ## GPU benchmark (run on the GPU machine; see bench/README.md)
+	$(PY) bench/bench.py $(ARGS)
+
+clean:  ## remove local installs and caches
+	rm -rf $(VENV) $(CHECKOV_VENV) $(TOOLS) .cache .pytest_cache

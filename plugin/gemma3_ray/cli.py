@@ -1,15 +1,150 @@
-"""Command-line entry point (`gemma3-ray`, also `helm gemma3-ray`)."""
+"""Command-line entry point: `gemma3-ray COMMAND` and, as a Helm plugin, `helm gemma3-ray COMMAND`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gemma3_ray import __version__, kube_context, machine_shapes, names
+from gemma3_ray.deployment import Deployment, Overrides, resolve
+from gemma3_ray.errors import EXIT_FAILURE, UserError
+from gemma3_ray.gcloud_state import read_gcloud_state
+from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.machine_shapes import Shape
+
+Handler = Callable[[argparse.Namespace, Clients | None], int]
+
+DESCRIPTION = """\
+Fine-tune Gemma 3 with Ray on GKE: values for the gemma3-ray chart from your gcloud configuration,
+and the Google Cloud prerequisites Helm cannot create (bucket, service account, IAM, Workload Identity).
+
+Settings come from flags, else the GKE kube context (gke_PROJECT_LOCATION_NAME), else the active
+gcloud configuration ($CLOUDSDK_CONFIG or ~/.config/gcloud; --configuration picks another one).
+"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gemma3-ray")
-    parser.parse_args(argv)
+def _add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where (default: kube context, then gcloud configuration)")
+    g.add_argument("--project", help="Google Cloud project ID")
+    g.add_argument("--region", help="region of the cluster and the bucket (e.g. us-central1)")
+    g.add_argument("--zone", help="zone (for zonal reservations)")
+    g.add_argument("--cluster", help="GKE cluster name")
+    g.add_argument("--configuration", help="gcloud configuration to read instead of the active one")
+    g.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="kubeconfig file")
+    g.add_argument("--kube-context", default=os.environ.get("HELM_KUBECONTEXT") or None,
+                   help="kube context (default: the current one)")
+    g.add_argument("--no-kube-context", action="store_true", help="ignore the kube context")
+    n = p.add_argument_group("names")
+    n.add_argument("-n", "--namespace", default=os.environ.get("HELM_NAMESPACE") or None,
+                   help="Kubernetes namespace (default: default)")
+    n.add_argument("--release", help="Helm release name (default: gemma3-ray)")
+    n.add_argument("--bucket", help="bucket name (default: PROJECT-gemma3-ray)")
+    n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/RELEASE)")
+    n.add_argument("--gsa-name", help="Google service account ID (default: gemma3-ray)")
+    n.add_argument("--ksa", help="Kubernetes service account (default: gemma3-ray)")
+    n.add_argument("--hf-secret", help="Secret holding the Hugging Face token (default: hf-secret)")
+    n.add_argument("--hf-secret-key", help="key in that Secret (default: hf_api_token)")
+    s = p.add_argument_group("machine shape")
+    s.add_argument("--machine-type", help="GPU machine type, e.g. a3-ultragpu-8g")
+    s.add_argument("--reservation", help="reservation NAME or projects/P/reservations/NAME (read via the Compute API)")
+    s.add_argument("--accelerator", help="GKE accelerator label, with --gpus-per-node, for shapes not listed")
+    s.add_argument("--gpus-per-node", type=int, help="GPUs per node, with --accelerator")
+    s.add_argument("--replicas", type=int, help="GPU worker nodes (default: 1)")
+
+
+def overrides(args: argparse.Namespace) -> Overrides:
+    return Overrides(
+        project=args.project, region=args.region, zone=args.zone, cluster=args.cluster,
+        namespace=args.namespace, release=args.release, bucket=args.bucket, prefix=args.prefix,
+        gsa_name=args.gsa_name, ksa=args.ksa, hf_secret=args.hf_secret, hf_secret_key=args.hf_secret_key,
+        replicas=args.replicas, reservation=args.reservation,
+    )
+
+
+def _shape(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Shape | None:
+    if args.accelerator or args.gpus_per_node is not None:
+        if not (args.accelerator and args.gpus_per_node):
+            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
+        names.dns_label("accelerator", args.accelerator, "--accelerator")
+        return Shape(args.machine_type, args.accelerator, args.gpus_per_node)
+    if args.machine_type:
+        return machine_shapes.shape_for_machine_type(args.machine_type)
+    if args.reservation:
+        return machine_shapes.shape_for_reservation(clients.get_reservations(), dep.project, dep.zone, args.reservation)
+    return None
+
+
+def deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
+    """Resolve every setting (names validated first), then the machine shape (may call the Compute API)."""
+    gcloud = read_gcloud_state(configuration=args.configuration)
+    context = None if args.no_kube_context else kube_context.current_context(args.kubeconfig, args.kube_context)
+    gke = kube_context.parse_gke_context(context) if context else None
+    if args.machine_type:
+        machine_shapes.shape_for_machine_type(args.machine_type)  # validate before anything else
+    dep = resolve(overrides(args), gcloud, gke, kube_context=context)
+    if clients is None:
+        clients = Clients(project=dep.project)
+    shape = _shape(args, dep, clients)
+    if shape is not None:
+        from dataclasses import replace
+
+        dep = replace(dep, shape=shape)
+    return dep, clients
+
+
+def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
+    from gemma3_ray import render
+
+    dep, _ = deployment(args, clients)
+    if args.output:
+        path = Path(args.output)
+        text = render.render(dep, render.load(path))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        sys.stdout.write(render.render(dep))
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gemma3-ray", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("values", help="write a values file for the chart from gcloud state")
+    _add_common(p)
+    p.add_argument("-o", "--output", help="values file to write; an existing one is updated in place "
+                   "(its comments, order and other keys kept). Default: stdout")
+    p.set_defaults(handler=cmd_values)
+    _register_more(sub)
+    return parser
+
+
+def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The commands that talk to Google Cloud and the cluster (defined in their own modules)."""
+    from gemma3_ray import commands
+
+    commands.register(sub, _add_common)
+
+
+def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args, clients)
+    except UserError as exc:
+        print(f"gemma3-ray: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("gemma3-ray: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

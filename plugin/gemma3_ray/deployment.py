@@ -1,0 +1,159 @@
+"""Everything a deployment is named by, resolved once: flags > kube context > gcloud configuration.
+
+The project, region and cluster come from the first source that has them: a flag, the GKE kube
+context (``gke_PROJECT_LOCATION_NAME``: the cluster's own project and location win over gcloud's,
+because the bucket and the Workload Identity pool must be the cluster's), then the active gcloud
+configuration. All names are validated here, before any API call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gemma3_ray import names
+from gemma3_ray.errors import MissingSetting
+from gemma3_ray.gcloud_state import GcloudState
+from gemma3_ray.kube_context import GkeCluster
+from gemma3_ray.machine_shapes import Shape
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_RELEASE = names.PRODUCT
+DEFAULT_GSA_ID = names.PRODUCT
+DEFAULT_KSA = names.PRODUCT
+# The tutorial's Secret (kubectl create secret generic hf-secret --from-literal=hf_api_token=...).
+DEFAULT_HF_SECRET = "hf-secret"
+DEFAULT_HF_SECRET_KEY = "hf_api_token"
+DEFAULT_REPLICAS = 1
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the resolved settings came from (written as a comment into the values file)."""
+
+    gcloud_configuration: str | None = None
+    kube_context: str | None = None
+    flags: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    project: str
+    region: str
+    zone: str | None
+    cluster: str | None
+    namespace: str
+    release: str
+    bucket: str
+    prefix: str
+    gsa_id: str
+    ksa: str
+    hf_secret: str
+    hf_secret_key: str
+    replicas: int
+    shape: Shape | None
+    reservation: str | None
+    account: str | None
+    sources: Sources
+
+    @property
+    def gsa_email(self) -> str:
+        return names.gsa_email(self.gsa_id, self.project)
+
+    @property
+    def gsa_resource(self) -> str:
+        return f"projects/{self.project}/serviceAccounts/{self.gsa_email}"
+
+    @property
+    def wi_member(self) -> str:
+        return names.workload_identity_member(self.project, self.namespace, self.ksa)
+
+    @property
+    def gsa_member(self) -> str:
+        return f"serviceAccount:{self.gsa_email}"
+
+
+@dataclass
+class Overrides:
+    """Values given on the command line (None = not given)."""
+
+    project: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    cluster: str | None = None
+    namespace: str | None = None
+    release: str | None = None
+    bucket: str | None = None
+    prefix: str | None = None
+    gsa_name: str | None = None
+    ksa: str | None = None
+    hf_secret: str | None = None
+    hf_secret_key: str | None = None
+    replicas: int | None = None
+    reservation: str | None = None
+
+    def given(self) -> tuple[str, ...]:
+        return tuple(k for k, v in vars(self).items() if v is not None)
+
+
+def resolve(
+    flags: Overrides,
+    gcloud: GcloudState | None,
+    gke: GkeCluster | None,
+    shape: Shape | None = None,
+    kube_context: str | None = None,
+) -> Deployment:
+    project = flags.project or (gke.project if gke else None) or (gcloud.project if gcloud else None)
+    if not project:
+        raise MissingSetting("No Google Cloud project: pass --project or run `gcloud config set project PROJECT_ID`.")
+    names.project_id(project)
+
+    zone = flags.zone
+    if zone is None and gke and gke.location != gke.region:
+        zone = gke.location
+    if zone is None and gcloud:
+        zone = gcloud.zone
+    if zone is not None:
+        names.zone(zone)
+
+    region = flags.region or (gke.region if gke else None) or (gcloud.region if gcloud else None)
+    if not region and zone:
+        region = names.region_of_location(zone)
+    if not region:
+        raise MissingSetting("No region: pass --region or run `gcloud config set compute/region REGION`.")
+    names.region(region)
+    if zone and names.region_of_location(zone) != region:
+        raise names.InvalidName(f"Zone {zone} is not in region {region}: pass a --zone inside {region}.")
+
+    cluster = flags.cluster or (gke.name if gke else None) or (gcloud.cluster if gcloud else None)
+    if cluster:
+        names.cluster(cluster)
+
+    release = names.release(flags.release or DEFAULT_RELEASE)
+    replicas = DEFAULT_REPLICAS if flags.replicas is None else flags.replicas
+    if replicas < 1:
+        raise names.InvalidName(f"Invalid --replicas {replicas}: a training run needs at least one worker node.")
+    if flags.reservation:
+        names.reservation(flags.reservation)
+    return Deployment(
+        project=project,
+        region=region,
+        zone=zone,
+        cluster=cluster,
+        namespace=names.namespace(flags.namespace or DEFAULT_NAMESPACE),
+        release=release,
+        bucket=names.bucket(flags.bucket) if flags.bucket else names.default_bucket(project),
+        prefix=(flags.prefix if flags.prefix is not None else f"{names.PRODUCT}/{release}").strip("/"),
+        gsa_id=names.gsa_account_id(flags.gsa_name or DEFAULT_GSA_ID),
+        ksa=names.ksa(flags.ksa or DEFAULT_KSA),
+        hf_secret=names.secret_name(flags.hf_secret or DEFAULT_HF_SECRET),
+        hf_secret_key=names.secret_key(flags.hf_secret_key or DEFAULT_HF_SECRET_KEY),
+        replicas=replicas,
+        shape=shape,
+        reservation=flags.reservation,
+        account=gcloud.account if gcloud else None,
+        sources=Sources(
+            gcloud_configuration=gcloud.configuration if gcloud else None,
+            kube_context=kube_context if gke else None,
+            flags=flags.given(),
+        ),
+    )

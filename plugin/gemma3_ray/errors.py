@@ -1,0 +1,151 @@
+"""User-facing errors: one clear sentence each, and the translation of Google API errors into them.
+
+Every error a user can meet is a :class:`UserError`; the CLI prints its message (one sentence that
+says what is wrong and how to fix it) to stderr and exits with its ``exit_code``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from google.api_core import exceptions as gexc
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UserError(Exception):
+    """An error with a one-sentence, actionable message for the person at the terminal."""
+
+    exit_code = EXIT_FAILURE
+
+
+class InvalidName(UserError):
+    """A name or value given by flag or read from configuration is not valid; raised before any API call."""
+
+    exit_code = EXIT_USAGE
+
+
+class MissingSetting(UserError):
+    """A setting neither a flag, the kube context nor the gcloud configuration provides."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UserError):
+    """The gcloud or kube configuration on disk cannot be read."""
+
+
+class NotLoggedIn(UserError):
+    """No usable Google credentials."""
+
+
+class ApiDisabled(UserError):
+    """A Google API is disabled in the project."""
+
+
+class PermissionDenied(UserError):
+    """The caller lacks an IAM permission."""
+
+
+class BucketOwnedElsewhere(UserError):
+    """The bucket name is taken by a bucket of another project (bucket names are global)."""
+
+
+class RegionMismatch(UserError):
+    """The bucket lives in a location that does not hold the cluster's region."""
+
+
+class NotFound(UserError):
+    """Something the command needs does not exist."""
+
+
+class ClusterError(UserError):
+    """The Kubernetes cluster or a resource in it is not in the state the command needs."""
+
+
+# The predefined role that grants each permission this tool needs, with the least privilege that
+# still grants it (https://cloud.google.com/iam/docs/understanding-roles).
+ROLE_FOR_PERMISSION: dict[str, str] = {
+    "storage.buckets.create": "roles/storage.admin",
+    "storage.buckets.get": "roles/storage.admin",
+    "storage.buckets.update": "roles/storage.admin",
+    "storage.buckets.delete": "roles/storage.admin",
+    "storage.buckets.getIamPolicy": "roles/storage.admin",
+    "storage.buckets.setIamPolicy": "roles/storage.admin",
+    "storage.objects.list": "roles/storage.objectViewer",
+    "storage.objects.get": "roles/storage.objectViewer",
+    "iam.serviceAccounts.create": "roles/iam.serviceAccountAdmin",
+    "iam.serviceAccounts.get": "roles/iam.serviceAccountViewer",
+    "iam.serviceAccounts.delete": "roles/iam.serviceAccountAdmin",
+    "iam.serviceAccounts.getIamPolicy": "roles/iam.serviceAccountAdmin",
+    "iam.serviceAccounts.setIamPolicy": "roles/iam.serviceAccountAdmin",
+    "serviceusage.services.get": "roles/serviceusage.serviceUsageViewer",
+    "serviceusage.services.enable": "roles/serviceusage.serviceUsageAdmin",
+    "compute.reservations.get": "roles/compute.viewer",
+    "container.clusters.get": "roles/container.clusterViewer",
+}
+
+_PERMISSION_RE = re.compile(r"\b((?:storage|iam|serviceusage|compute|container|resourcemanager)\.[A-Za-z]+\.[A-Za-z]+)\b")
+_DISABLED_RE = re.compile(r"([a-z0-9-]+\.googleapis\.com)")
+
+
+def permission_denied(permission: str, resource: str) -> PermissionDenied:
+    role = ROLE_FOR_PERMISSION.get(permission, "a role that contains it")
+    return PermissionDenied(
+        f"Permission denied: you need '{permission}' on {resource}; ask a project owner to grant you "
+        f"{role} (or a custom role with that permission)."
+    )
+
+
+def _reason_and_metadata(exc: gexc.GoogleAPICallError) -> tuple[str, dict[str, str]]:
+    """The google.rpc.ErrorInfo reason and metadata, when the error carries one."""
+    for detail in getattr(exc, "details", None) or []:
+        reason = getattr(detail, "reason", None)
+        if reason:
+            return str(reason), dict(getattr(detail, "metadata", {}) or {})
+    reason = getattr(exc, "reason", None)
+    return (str(reason) if reason else ""), {}
+
+
+def translate(exc: Exception, action: str, resource: str) -> UserError:
+    """Turn a Google API error met while doing ``action`` on ``resource`` into one clear sentence."""
+    if isinstance(exc, UserError):
+        return exc
+    from google.auth import exceptions as auth_exc
+
+    if isinstance(exc, (auth_exc.DefaultCredentialsError, auth_exc.RefreshError)):
+        return not_logged_in(str(exc))
+    if isinstance(exc, gexc.Unauthenticated):
+        return not_logged_in(exc.message or str(exc))
+    if isinstance(exc, gexc.PermissionDenied | gexc.Forbidden):
+        text = str(exc)
+        reason, metadata = _reason_and_metadata(exc)
+        if reason in {"SERVICE_DISABLED", "accessNotConfigured"} or "has not been used in project" in text:
+            service = metadata.get("service") or next(iter(_DISABLED_RE.findall(text)), "the required API")
+            return api_disabled(service, metadata.get("consumer", "").removeprefix("projects/"))
+        permission = metadata.get("permission") or next(iter(_PERMISSION_RE.findall(text)), "")
+        if permission:
+            return permission_denied(permission, resource)
+        return PermissionDenied(f"Permission denied while trying to {action} {resource}: {exc.message}.")
+    if isinstance(exc, gexc.NotFound):
+        return NotFound(f"Could not {action} {resource}: it does not exist.")
+    if isinstance(exc, gexc.GoogleAPICallError):
+        return UserError(f"Could not {action} {resource}: {exc.code} {exc.message}.")
+    return UserError(f"Could not {action} {resource}: {exc}.")
+
+
+def not_logged_in(detail: str = "") -> NotLoggedIn:
+    del detail  # the library's text names files and env vars that confuse more than they help
+    return NotLoggedIn(
+        "Not logged in to Google Cloud: run `gcloud auth login` and `gcloud auth application-default login`, "
+        "then try again."
+    )
+
+
+def api_disabled(service: str, project: str = "") -> ApiDisabled:
+    where = f" --project {project}" if project else ""
+    return ApiDisabled(
+        f"The {service} API is disabled in project {project or '(unknown)'}: enable it with "
+        f"`gcloud services enable {service}{where}` or run `gemma3-ray prereqs --apply`."
+    )

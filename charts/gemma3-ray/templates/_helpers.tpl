@@ -1,0 +1,295 @@
+{{/* ---------------------------------------------------------------- names and labels */}}
+
+{{- define "gemma3-ray.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Full name: at most 40 characters so KubeRay's derived names (a RayJob's cluster gets a
+"-xxxxx" suffix, its head service "-head-svc") stay within the 47/63-character limits.
+*/}}
+{{- define "gemma3-ray.fullname" -}}
+{{- $name := "" -}}
+{{- if .Values.fullnameOverride -}}
+{{- $name = .Values.fullnameOverride -}}
+{{- else -}}
+{{- $base := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $base .Release.Name -}}
+{{- $name = .Release.Name -}}
+{{- else -}}
+{{- $name = printf "%s-%s" .Release.Name $base -}}
+{{- end -}}
+{{- end -}}
+{{- $name = $name | trunc 40 | trimSuffix "-" -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "fullnameOverride / release name: %q is not a valid KubeRay name (lowercase letters, digits and '-', starting with a letter); set fullnameOverride" $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{- define "gemma3-ray.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gemma3-ray.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gemma3-ray.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gemma3-ray.labels" -}}
+helm.sh/chart: {{ include "gemma3-ray.chart" . }}
+{{ include "gemma3-ray.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "gemma3-ray.rayVersion" . | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gemma3-ray
+{{- end -}}
+
+{{/*
+Labels of pods that KubeRay creates. KubeRay overwrites app.kubernetes.io/name and
+app.kubernetes.io/created-by on Ray pods, so pods are selected by instance + component only.
+Arguments: dict "root" $ "component" "ray-head"|"ray-worker"|"submitter"|"test".
+*/}}
+{{- define "gemma3-ray.podSelectorLabels" -}}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gemma3-ray.podLabels" -}}
+{{ include "gemma3-ray.podSelectorLabels" . }}
+app.kubernetes.io/part-of: gemma3-ray
+helm.sh/chart: {{ include "gemma3-ray.chart" .root }}
+{{- end -}}
+
+{{- define "gemma3-ray.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gemma3-ray.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name: name the existing ServiceAccount to use when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gemma3-ray.hfSecretName" -}}
+{{- if .Values.hfToken.value -}}
+{{- printf "%s-hf-token" (include "gemma3-ray.fullname" .) -}}
+{{- else -}}
+{{- .Values.hfToken.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gemma3-ray.headServiceName" -}}
+{{- printf "%s-head" (include "gemma3-ray.fullname" .) -}}
+{{- end -}}
+
+{{- define "gemma3-ray.clusterName" -}}
+{{- include "gemma3-ray.fullname" . -}}
+{{- end -}}
+
+{{- define "gemma3-ray.rayJobName" -}}
+{{- include "gemma3-ray.fullname" . -}}
+{{- end -}}
+
+{{/* ---------------------------------------------------------------- versions and images */}}
+
+{{- define "gemma3-ray.requirements" -}}
+{{- $req := .Files.Get "files/trainer/requirements.txt" -}}
+{{- if not $req -}}
+{{- fail "files/trainer/requirements.txt is missing from the chart: run `make sync-trainer`" -}}
+{{- end -}}
+{{- $req -}}
+{{- end -}}
+
+{{/* The Ray version: the `ray[...]==X` pin of the trainer's requirements (one source of truth). */}}
+{{- define "gemma3-ray.rayVersion" -}}
+{{- $pin := regexFind "(?m)^ray(\\[[^\\]]*\\])?==[0-9][0-9A-Za-z.+-]*" (include "gemma3-ray.requirements" .) -}}
+{{- if not $pin -}}
+{{- fail "files/trainer/requirements.txt has no exact ray pin (ray[...]==X.Y.Z): the cluster images are chosen from it" -}}
+{{- end -}}
+{{- regexReplaceAll "^.*==" $pin "" -}}
+{{- end -}}
+
+{{/*
+The runtime env's pip list: every requirement line except comments, blank lines and ray itself
+(the Ray image provides ray, and its tag is the same pin).
+*/}}
+{{- define "gemma3-ray.pipPackages" -}}
+{{- $out := list -}}
+{{- range (include "gemma3-ray.requirements" .) | splitList "\n" -}}
+{{- $line := regexReplaceAll "\\s+#.*$" . "" | trim -}}
+{{- if and $line (not (hasPrefix "#" $line)) (not (regexMatch "^ray([\\[=<>~!; ]|$)" $line)) -}}
+{{- $out = append $out $line -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* Arguments: dict "root" $ "role" "head"|"worker". */}}
+{{- define "gemma3-ray.image" -}}
+{{- $v := .root.Values -}}
+{{- $group := ternary $v.head $v.workers (eq .role "head") -}}
+{{- $repo := default $v.image.repository $group.image.repository -}}
+{{- $tag := printf "%s-%s" (include "gemma3-ray.rayVersion" .root) $v.image.pythonTag -}}
+{{- if and (eq .role "worker") (gt (int $v.workers.gpusPerNode) 0) -}}
+{{- $tag = printf "%s-gpu" $tag -}}
+{{- end -}}
+{{- printf "%s:%s" $repo (default $tag $group.image.tag) -}}
+{{- end -}}
+
+{{/* ---------------------------------------------------------------- trainer code and flags */}}
+
+{{/*
+Where the trainer ConfigMap is mounted in every Ray pod (read-only). The RayJob entrypoint is
+`python <this>/vision_train.py --flag=value ...`; tools that run the entrypoint elsewhere
+replace this path with their own copy of the files.
+*/}}
+{{- define "gemma3-ray.trainerMountPath" -}}
+/home/ray/trainer
+{{- end -}}
+
+{{/* The trainer ConfigMap name carries a hash of the files' names and contents. */}}
+{{- define "gemma3-ray.trainerConfigMapName" -}}
+{{- $acc := list -}}
+{{- range $path, $bytes := .Files.Glob "files/trainer/*" -}}
+{{- $acc = append $acc (printf "%s\n%s" (base $path) ($bytes | toString | sha256sum)) -}}
+{{- end -}}
+{{- printf "%s-trainer-%s" (include "gemma3-ray.fullname" .) (join "\n" $acc | sha256sum | trunc 10) -}}
+{{- end -}}
+
+{{/* Number of Ray Train workers per worker pod: its GPUs, or 1 on CPU-only workers. */}}
+{{- define "gemma3-ray.trainWorkersPerNode" -}}
+{{- $g := int .Values.workers.gpusPerNode -}}
+{{- ternary $g 1 (gt $g 0) -}}
+{{- end -}}
+
+{{- define "gemma3-ray.numTrainWorkers" -}}
+{{- $w := .Values.workers -}}
+{{- $pods := ternary $w.autoscaling.maxReplicas $w.replicas $w.autoscaling.enabled -}}
+{{- mul (int $pods) (int (include "gemma3-ray.trainWorkersPerNode" .)) -}}
+{{- end -}}
+
+{{- define "gemma3-ray.storagePath" -}}
+{{- $prefix := default (printf "gemma3-ray/%s" .Release.Name) .Values.storage.prefix -}}
+{{- printf "gs://%s/%s" .Values.storage.bucket $prefix -}}
+{{- end -}}
+
+{{/* POSIX-shell quoting of one word: bare when safe, else single-quoted. */}}
+{{- define "gemma3-ray.shellQuote" -}}
+{{- if regexMatch "^[A-Za-z0-9_./:@%+=,-]+$" . -}}
+{{- . -}}
+{{- else -}}
+{{- printf "'%s'" (replace "'" "'\"'\"'" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One flag value as text: strings verbatim, booleans true/false, numbers/maps/lists as JSON. */}}
+{{- define "gemma3-ray.flagValue" -}}
+{{- if kindIs "string" . -}}
+{{- . -}}
+{{- else if kindIs "bool" . -}}
+{{- ternary "true" "false" . -}}
+{{- else -}}
+{{- toJson . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The trainer's argv after the script: derived flags first, then every `training:` key in
+sorted order, each as one shell-quoted --key=value word.
+*/}}
+{{- define "gemma3-ray.trainerArgs" -}}
+{{- $args := list -}}
+{{- $args = append $args (printf "--num_workers=%s" (include "gemma3-ray.numTrainWorkers" .)) -}}
+{{- $args = append $args (printf "--use_gpu=%s" (ternary "true" "false" (gt (int .Values.workers.gpusPerNode) 0))) -}}
+{{- $args = append $args (printf "--storage_path=%s" (include "gemma3-ray.shellQuote" (include "gemma3-ray.storagePath" .))) -}}
+{{- range $k, $v := .Values.training -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- $args = append $args (printf "--%s=%s" $k (include "gemma3-ray.shellQuote" (include "gemma3-ray.flagValue" $v))) -}}
+{{- end -}}
+{{- end -}}
+{{- join " " $args -}}
+{{- end -}}
+
+{{- define "gemma3-ray.entrypoint" -}}
+{{- printf "python %s/vision_train.py %s" (include "gemma3-ray.trainerMountPath" .) (include "gemma3-ray.trainerArgs" .) -}}
+{{- end -}}
+
+{{- define "gemma3-ray.runtimeEnv" -}}
+{{- $pip := concat (include "gemma3-ray.pipPackages" . | fromJsonArray) .Values.rayJob.runtimeEnv.extraPip -}}
+{{- $env := dict -}}
+{{- range $k, $v := .Values.rayJob.runtimeEnv.envVars -}}
+{{- $_ := set $env $k (toString $v) -}}
+{{- end -}}
+{{- $re := dict "pip" (dict "packages" $pip "pip_check" false) -}}
+{{- if $env -}}
+{{- $_ := set $re "env_vars" $env -}}
+{{- end -}}
+{{- toYaml $re -}}
+{{- end -}}
+
+{{/* ---------------------------------------------------------------- scheduling */}}
+
+{{/* The reservation's name part: "N" of "projects/P/reservations/N", or the value itself. */}}
+{{- define "gemma3-ray.reservationName" -}}
+{{- regexReplaceAll "^projects/[^/]+/reservations/" .Values.capacity.reservation "" -}}
+{{- end -}}
+
+{{- define "gemma3-ray.reservationProject" -}}
+{{- if hasPrefix "projects/" .Values.capacity.reservation -}}
+{{- index (splitList "/" .Values.capacity.reservation) 1 -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gemma3-ray.workerNodeSelector" -}}
+{{- $w := .Values.workers -}}
+{{- $sel := dict -}}
+{{- if gt (int $w.gpusPerNode) 0 -}}
+{{- $_ := set $sel "cloud.google.com/gke-accelerator" $w.accelerator -}}
+{{- if $w.gpuDriverVersion -}}
+{{- $_ := set $sel "cloud.google.com/gke-gpu-driver-version" $w.gpuDriverVersion -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .Values.capacity.type "reservation" -}}
+{{- $_ := set $sel "cloud.google.com/reservation-name" (include "gemma3-ray.reservationName" .) -}}
+{{- $_ := set $sel "cloud.google.com/reservation-affinity" "specific" -}}
+{{- with include "gemma3-ray.reservationProject" . -}}
+{{- $_ := set $sel "cloud.google.com/reservation-project" . -}}
+{{- end -}}
+{{- else if eq .Values.capacity.type "spot" -}}
+{{- $_ := set $sel "cloud.google.com/gke-spot" "true" -}}
+{{- end -}}
+{{- toJson (merge (deepCopy $w.nodeSelector) $sel) -}}
+{{- end -}}
+
+{{- define "gemma3-ray.workerTolerations" -}}
+{{- $t := list -}}
+{{- if gt (int .Values.workers.gpusPerNode) 0 -}}
+{{- $t = append $t (dict "key" "nvidia.com/gpu" "operator" "Exists" "effect" "NoSchedule") -}}
+{{- end -}}
+{{- if eq .Values.capacity.type "spot" -}}
+{{- $t = append $t (dict "key" "cloud.google.com/gke-spot" "operator" "Equal" "value" "true" "effect" "NoSchedule") -}}
+{{- end -}}
+{{- toJson (concat $t .Values.workers.tolerations) -}}
+{{- end -}}
+
+{{/* ---------------------------------------------------------------- security */}}
+
+{{- define "gemma3-ray.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 100
+fsGroup: 100
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "gemma3-ray.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 100
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}

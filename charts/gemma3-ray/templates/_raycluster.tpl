@@ -1,0 +1,166 @@
+{{/*
+The one set of pod templates and the RayCluster spec. The RayCluster (persistent mode) and the
+RayJob's inline rayClusterSpec (ephemeral mode) both include "gemma3-ray.rayClusterSpec", so the
+two modes never drift apart.
+*/}}
+
+{{/* Arguments: dict "root" $ "role" "head"|"worker". */}}
+{{- define "gemma3-ray.podTemplate" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $isHead := eq .role "head" -}}
+{{- $g := ternary $v.head $v.workers $isHead -}}
+{{- $component := ternary "ray-head" "ray-worker" $isHead -}}
+{{- $gpus := int $v.workers.gpusPerNode -}}
+metadata:
+  labels:
+    {{- include "gemma3-ray.podLabels" (dict "root" $root "component" $component) | nindent 4 }}
+    {{- with $g.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    gemma3-ray.dev/trainer-configmap: {{ include "gemma3-ray.trainerConfigMapName" $root }}
+    {{- with $g.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "gemma3-ray.serviceAccountName" $root }}
+  {{- /* Only the autoscaler sidecar (head, autoscaling on) talks to the Kubernetes API. */}}
+  automountServiceAccountToken: {{ and $isHead $v.workers.autoscaling.enabled }}
+  securityContext:
+    {{- include "gemma3-ray.podSecurityContext" $root | nindent 4 }}
+  {{- with $v.image.pullSecrets }}
+  imagePullSecrets:
+    {{- range . }}
+    - name: {{ . }}
+    {{- end }}
+  {{- end }}
+  {{- $nodeSelector := ternary $v.head.nodeSelector (include "gemma3-ray.workerNodeSelector" $root | fromJson) $isHead }}
+  {{- with $nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- $tolerations := ternary $v.head.tolerations (include "gemma3-ray.workerTolerations" $root | fromJsonArray) $isHead }}
+  {{- with $tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: {{ ternary "ray-head" "ray-worker" $isHead }}
+      image: {{ include "gemma3-ray.image" (dict "root" $root "role" .role) }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      {{- if $isHead }}
+      ports:
+        - name: gcs-server
+          containerPort: 6379
+          protocol: TCP
+        - name: dashboard
+          containerPort: {{ $v.service.dashboardPort }}
+          protocol: TCP
+        - name: client
+          containerPort: 10001
+          protocol: TCP
+      {{- end }}
+      env:
+        - name: HF_HOME
+          value: {{ printf "%s/huggingface" $v.scratch.mountPath | quote }}
+        {{- if include "gemma3-ray.hfSecretName" $root }}
+        - name: HF_TOKEN
+          valueFrom:
+            secretKeyRef:
+              name: {{ include "gemma3-ray.hfSecretName" $root }}
+              key: {{ $v.hfToken.secretKey }}
+        {{- end }}
+        {{- with $g.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      resources:
+        {{- $res := deepCopy $g.resources }}
+        {{- if and (not $isHead) (gt $gpus 0) }}
+        {{- $_ := set $res "limits" (merge (dict "nvidia.com/gpu" $gpus) (default (dict) $res.limits)) }}
+        {{- $_ := set $res "requests" (merge (dict "nvidia.com/gpu" $gpus) (default (dict) $res.requests)) }}
+        {{- end }}
+        {{- toYaml $res | nindent 8 }}
+      securityContext:
+        {{- include "gemma3-ray.containerSecurityContext" $root | nindent 8 }}
+      lifecycle:
+        preStop:
+          exec:
+            command: ["/bin/sh", "-c", "ray stop"]
+      volumeMounts:
+        - name: trainer
+          mountPath: {{ include "gemma3-ray.trainerMountPath" $root }}
+          readOnly: true
+        - name: scratch
+          mountPath: {{ $v.scratch.mountPath }}
+        {{- if and (not $isHead) $v.workers.shmSize }}
+        - name: dshm
+          mountPath: /dev/shm
+        {{- end }}
+        {{- with $g.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: trainer
+      configMap:
+        name: {{ include "gemma3-ray.trainerConfigMapName" $root }}
+        defaultMode: 0444
+    - name: scratch
+      {{- if $v.scratch.sizeLimit }}
+      emptyDir:
+        sizeLimit: {{ $v.scratch.sizeLimit }}
+      {{- else }}
+      emptyDir: {}
+      {{- end }}
+    {{- if and (not $isHead) $v.workers.shmSize }}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ $v.workers.shmSize }}
+    {{- end }}
+    {{- with $g.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end -}}
+
+{{- define "gemma3-ray.rayClusterSpec" -}}
+{{- $v := .Values -}}
+{{- $w := $v.workers -}}
+rayVersion: {{ include "gemma3-ray.rayVersion" . | quote }}
+{{- if $w.autoscaling.enabled }}
+enableInTreeAutoscaling: true
+autoscalerOptions:
+  upscalingMode: Default
+  idleTimeoutSeconds: {{ $w.autoscaling.idleTimeoutSeconds }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  resources:
+    {{- toYaml $w.autoscaling.resources | nindent 4 }}
+  securityContext:
+    {{- include "gemma3-ray.containerSecurityContext" . | nindent 4 }}
+{{- end }}
+headGroupSpec:
+  serviceType: ClusterIP
+  rayStartParams:
+    {{- toYaml $v.head.rayStartParams | nindent 4 }}
+  template:
+    {{- include "gemma3-ray.podTemplate" (dict "root" . "role" "head") | nindent 4 }}
+workerGroupSpecs:
+  - groupName: {{ $w.groupName }}
+    {{- if $w.autoscaling.enabled }}
+    replicas: {{ $w.autoscaling.minReplicas }}
+    minReplicas: {{ $w.autoscaling.minReplicas }}
+    maxReplicas: {{ $w.autoscaling.maxReplicas }}
+    {{- else }}
+    replicas: {{ $w.replicas }}
+    minReplicas: {{ $w.replicas }}
+    maxReplicas: {{ $w.replicas }}
+    {{- end }}
+    rayStartParams:
+      {{- toYaml $w.rayStartParams | nindent 6 }}
+    template:
+      {{- include "gemma3-ray.podTemplate" (dict "root" . "role" "worker") | nindent 6 }}
+{{- end -}}

@@ -1,0 +1,218 @@
+"""Render-and-assert tests for the chart's features (real `helm template` output)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helm_render import (
+    CHART,
+    CI_VALUES_DIR,
+    NAMESPACE,
+    RELEASE,
+    VALUES_DIR,
+    Render,
+    helm_template,
+    pod_templates,
+)
+
+CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
+TUTORIAL = VALUES_DIR / "tutorial.yaml"
+MOUNT = "/home/ray/trainer"
+REQUIREMENTS = CHART / "files" / "trainer" / "requirements.txt"
+DERIVED = ("num_workers", "use_gpu", "storage_path")
+
+
+def requirement_lines() -> list[str]:
+    lines = [ln.split(" #")[0].strip() for ln in REQUIREMENTS.read_text().splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+def ray_pin() -> str:
+    (pin,) = [ln for ln in requirement_lines() if re.match(r"^ray(\[|==)", ln)]
+    return pin.split("==")[1]
+
+
+def entrypoint_argv(render: Render) -> list[str]:
+    return shlex.split(render.one("RayJob")["spec"]["entrypoint"])
+
+
+def flags(render: Render) -> dict[str, str]:
+    argv = entrypoint_argv(render)
+    assert argv[:2] == ["python", f"{MOUNT}/vision_train.py"], argv[:2]
+    out: dict[str, str] = {}
+    for word in argv[2:]:
+        assert word.startswith("--") and "=" in word, word
+        key, value = word[2:].split("=", 1)
+        assert key not in out, f"flag {key} given twice"
+        out[key] = value
+    return out
+
+
+def cluster_spec(render: Render) -> dict[str, Any]:
+    job = render.one("RayJob")["spec"]
+    return job["rayClusterSpec"] if "rayClusterSpec" in job else render.one("RayCluster")["spec"]
+
+
+def containers(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return template["spec"]["containers"]
+
+
+# ---------------------------------------------------------------- every values file
+
+
+def test_every_values_file_renders_the_core_objects(renders: dict[str, Render]) -> None:
+    assert len(renders) >= 10, sorted(renders)
+    for name, r in renders.items():
+        kinds = sorted(d["kind"] for d in r.docs)
+        assert "RayJob" in kinds and "ConfigMap" in kinds and "Service" in kinds, (name, kinds)
+        for doc in r.docs:
+            assert doc["metadata"]["namespace"] == NAMESPACE, (name, doc["kind"])
+
+
+def _walk_nulls(node: Any, path: str) -> list[str]:
+    if node is None:
+        return [path]
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _walk_nulls(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _walk_nulls(v, f"{path}[{i}]")]
+    return []
+
+
+def test_no_bare_keys_anywhere(renders: dict[str, Render]) -> None:
+    """A template must never leave `key:` with nothing under it (it loads as null)."""
+    for name, r in renders.items():
+        for doc in r.docs:
+            assert not _walk_nulls(doc, doc["kind"]), (name, _walk_nulls(doc, doc["kind"]))
+
+
+def test_helm3_and_helm4_render_identically(renders: dict[str, Render], render: Callable[..., Render]) -> None:
+    for name in ("tutorial.yaml", "token-extras-values.yaml", "spot-autoscaling-values.yaml"):
+        path = VALUES_DIR / name if (VALUES_DIR / name).exists() else CI_VALUES_DIR / name
+        h3 = render(path, helm="HELM3")
+        assert h3.returncode == 0, h3.stderr
+        assert h3.docs == renders[name].docs, name
+
+
+# ---------------------------------------------------------------- versions: one source of truth
+
+
+def test_images_and_ray_version_follow_the_requirements_pin(renders: dict[str, Render]) -> None:
+    ray = ray_pin()
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == ray
+    r = renders["tutorial.yaml"]
+    spec = cluster_spec(r)
+    assert spec["rayVersion"] == ray
+    (head,) = containers(spec["headGroupSpec"]["template"])
+    (worker,) = containers(spec["workerGroupSpecs"][0]["template"])
+    assert head["image"] == f"rayproject/ray:{ray}-py311"
+    assert worker["image"] == f"rayproject/ray:{ray}-py311-gpu"
+    submitter = r.one("RayJob")["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
+    assert submitter["image"] == head["image"]
+
+
+def test_runtime_env_pip_list_equals_the_pins(renders: dict[str, Render]) -> None:
+    expected = [ln for ln in requirement_lines() if not re.match(r"^ray(\[|==|$)", ln)]
+    assert expected and all("==" in ln for ln in expected)
+    for name in ("tutorial.yaml", "local.yaml"):
+        env = yaml.safe_load(renders[name].one("RayJob")["spec"]["runtimeEnvYAML"])
+        assert env["pip"]["packages"] == expected, name
+    extras = yaml.safe_load(renders["token-extras-values.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])
+    assert extras["pip"]["packages"] == [*expected, "wandb==0.19.0"]
+    assert extras["env_vars"] == {"NCCL_DEBUG": "WARN"}
+
+
+def test_image_tag_overrides_per_group(render: Callable[..., Render]) -> None:
+    r = render(CI_DEFAULT, sets={"head.image.tag": "2.60.0-py311-custom", "workers.image.repository": "us-docker.pkg.dev/p/r/ray"})
+    spec = cluster_spec(r)
+    assert containers(spec["headGroupSpec"]["template"])[0]["image"] == "rayproject/ray:2.60.0-py311-custom"
+    assert containers(spec["workerGroupSpecs"][0]["template"])[0]["image"] == f"us-docker.pkg.dev/p/r/ray:{ray_pin()}-py311-gpu"
+
+
+# ---------------------------------------------------------------- trainer code and flags
+
+
+def test_trainer_configmap_carries_the_files_and_a_content_hash(renders: dict[str, Render]) -> None:
+    r = renders["tutorial.yaml"]
+    cm = r.one("ConfigMap")
+    files = {p.name: p.read_text() for p in sorted((CHART / "files" / "trainer").iterdir())}
+    assert cm["data"] == files, "the ConfigMap must hold the trainer files byte for byte"
+    assert cm["immutable"] is True
+    assert re.fullmatch(rf"{RELEASE}-gemma3-ray-trainer-[0-9a-f]{{10}}", cm["metadata"]["name"])
+    for _, tpl in pod_templates(r.one("RayCluster")):
+        (vol,) = [v for v in tpl["spec"]["volumes"] if v["name"] == "trainer"]
+        assert vol["configMap"]["name"] == cm["metadata"]["name"]
+        (mount,) = [m for m in containers(tpl)[0]["volumeMounts"] if m["name"] == "trainer"]
+        assert mount == {"name": "trainer", "mountPath": MOUNT, "readOnly": True}
+
+
+def test_configmap_name_changes_when_a_trainer_file_changes(tmp_path: Path) -> None:
+    chart = tmp_path / "gemma3-ray"
+    shutil.copytree(CHART, chart)
+    before = helm_template([CI_DEFAULT], chart=chart).one("ConfigMap")["metadata"]["name"]
+    req = chart / "files" / "trainer" / "requirements.txt"
+    req.write_text(req.read_text() + "# a comment changes the hash\n")
+    after = helm_template([CI_DEFAULT], chart=chart).one("ConfigMap")["metadata"]["name"]
+    assert before != after
+
+
+def test_entrypoint_is_the_training_map_plus_derived_flags(renders: dict[str, Render]) -> None:
+    r = renders["tutorial.yaml"]
+    f = flags(r)
+    values = yaml.safe_load(TUTORIAL.read_text())
+    assert f.pop("num_workers") == "16"  # 2 replicas x 8 GPUs
+    assert f.pop("use_gpu") == "true"
+    assert f.pop("storage_path") == "gs://my-gemma3-ray-bucket/gemma3-vision"
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["training"]
+    merged = {**defaults, **values["training"]}
+    expected = {k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in merged.items()}
+    expected = {k: ("true" if v == "true" else "false" if v == "false" else v) for k, v in expected.items()}
+    assert f == expected
+    assert f["learning_rate"] == "0.0002" and f["lora_r"] == "16" and f["push_to_hub"] == "false"
+
+
+def test_flags_json_and_shell_quoting_round_trip(renders: dict[str, Render]) -> None:
+    f = flags(renders["token-extras-values.yaml"])
+    assert json.loads(f["column_mapping"]) == {"image": "img", "description": "text"}
+    assert f["system_message"] == "You are an expert product copywriter. Don't invent facts."
+    assert f["prompt_template"] == "Describe {Product Name} ({Category}) in one paragraph & be concise"
+    assert f["max_steps"] == "1000000", "large integers must not become 1e+06"
+    assert f["freeze_vision"] == "true"
+    assert f["num_workers"] == "3"  # 3 replicas x 1 GPU
+
+
+def test_null_drops_a_default_flag(render: Callable[..., Render]) -> None:
+    r = render(CI_DEFAULT, sets={"training.save_strategy": None})
+    assert r.returncode == 0, r.stderr
+    assert "save_strategy" not in flags(r)
+    assert "model_id" in flags(r)
+
+
+@pytest.mark.parametrize(
+    ("sets", "num_workers", "use_gpu"),
+    [
+        ({"workers.replicas": 3, "workers.gpusPerNode": 4}, "12", "true"),
+        ({"workers.replicas": 1, "workers.gpusPerNode": 1}, "1", "true"),
+        ({"workers.autoscaling.enabled": True, "workers.autoscaling.maxReplicas": 5, "workers.gpusPerNode": 2}, "10", "true"),
+        ({"workers.replicas": 3, "workers.gpusPerNode": 0, "workers.accelerator": "none"}, "3", "false"),
+    ],
+)
+def test_num_workers_is_derived(render: Callable[..., Render], sets: dict[str, object], num_workers: str, use_gpu: str) -> None:
+    r = render(CI_DEFAULT, sets=sets)
+    assert r.returncode == 0, r.stderr
+    f = flags(r)
+    assert (f["num_workers"], f["use_gpu"]) == (num_workers, use_gpu)
+
+
+def test_storage_prefix_defaults_to_the_release(renders: dict[str, Render]) -> None:
+    assert flags(renders["default-values.yaml"])["storage_path"] == f"gs://gemma3-ray-ci/gemma3-ray/{RELEASE}"
+    assert flags(renders["spot-autoscaling-values.yaml"])["storage_path"] == "gs://gemma3-ray-ci/runs/autoscaling"

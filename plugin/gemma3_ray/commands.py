@@ -3,8 +3,244 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import time
 from collections.abc import Callable
+from typing import Any
+
+from gemma3_ray import names
+from gemma3_ray.deployment import Deployment
+from gemma3_ray.errors import EXIT_FAILURE, MissingSetting
+from gemma3_ray.gcp_clients import Clients
+
+TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
+TERMINAL_DEPLOYMENT_STATES = {"Complete", "Failed"}
+POLL_INTERVAL_S = 10.0
+
+
+def _out(line: str) -> None:
+    print(line, flush=True)
+
+
+def _hf_token(args: argparse.Namespace) -> str | None:
+    """The HF token, from the environment variable named by --hf-token-from-env (never from argv)."""
+    var = getattr(args, "hf_token_from_env", None)
+    if not var:
+        return None
+    token = os.environ.get(var)
+    if not token:
+        raise MissingSetting(f"--hf-token-from-env {var}: the environment variable {var} is empty or unset; "
+                             f"export it (e.g. `read -s {var}; export {var}`) and try again.")
+    return token
+
+
+def _deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
+    from gemma3_ray.cli import deployment
+
+    return deployment(args, clients)
+
+
+def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None,
+                out: Callable[[str], None] = _out) -> int:
+    from gemma3_ray.prereqs import Prereqs
+
+    p = Prereqs(dep, clients, hf_token=hf_token)
+    plan = p.plan()
+    out(f"Prerequisites for project {dep.project}, region {dep.region}, namespace {dep.namespace}:")
+    for line in plan.lines():
+        out(line)
+    if not plan.actions:
+        out("Nothing to do: every prerequisite is in place.")
+        return 0
+    if dry_run:
+        out(f"Dry run: nothing changed ({len(plan.actions)} change(s) planned). Apply with `make prereqs APPLY=1` "
+            "or `gemma3-ray prereqs`.")
+        return 0
+    out("Applying:")
+    p.apply(plan, out)
+    out(f"Done: {len(plan.actions)} change(s) applied.")
+    return 0
+
+
+def cmd_prereqs(args: argparse.Namespace, clients: Clients | None) -> int:
+    hf_token = _hf_token(args)
+    dep, clients = _deployment(args, clients)
+    _kube_clients(args, clients, needed=hf_token is not None)
+    return run_prereqs(dep, clients, dry_run=args.dry_run, hf_token=hf_token)
+
+
+def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool) -> None:
+    if needed and clients.core_v1 is None:
+        from gemma3_ray import cluster
+
+        clients.core_v1 = cluster.core_v1(args.kubeconfig, args.kube_context)
+
+
+def cmd_doctor(args: argparse.Namespace, clients: Clients | None) -> int:
+    from gemma3_ray import doctor, kube_context
+
+    dep, clients = _deployment(args, clients)
+    kube = doctor.Kube(context=kube_context.current_context(args.kubeconfig, args.kube_context))
+    if kube.context:
+        from gemma3_ray import cluster
+
+        k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+        kube.core, kube.api_ext = k8s.CoreV1Api(), k8s.ApiextensionsV1Api()
+    values = _load_values(args.values) if args.values else None
+    checks = doctor.run_checks(dep, clients, kube, values)
+    for c in checks:
+        _out(c.line())
+    failed = sum(not c.ok for c in checks)
+    _out(f"{len(checks) - failed} passed, {failed} failed" if failed else "All checks passed.")
+    return EXIT_FAILURE if failed else 0
+
+
+def _load_values(path: str) -> dict[str, Any]:
+    from pathlib import Path
+
+    from gemma3_ray import render
+
+    return dict(render.load(Path(path)))
+
+
+def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
+    from pathlib import Path
+
+    from gemma3_ray import release, render
+
+    hf_token = _hf_token(args)
+    dep, clients = _deployment(args, clients)
+    _kube_clients(args, clients, needed=hf_token is not None)
+    if not dep.cluster:
+        raise MissingSetting("No cluster: switch to the GKE kube context or pass --cluster.")
+    chart = release.chart_path(args.chart)
+    rc = run_prereqs(dep, clients, dry_run=False, hf_token=hf_token)
+    if rc:
+        return rc
+    path = Path(args.values_file or f"{dep.release}-values.yaml")
+    path.write_text(render.render(dep, render.load(path)), encoding="utf-8")
+    _out(f"Values: {path}")
+    values = [dict(render.load(path))] + [_load_values(f) for f in args.extra_values or []]
+    helm = release.client(args.kubeconfig, args.kube_context)
+    rev = release.upgrade_install(helm, dep.release, chart, values, dep.namespace)
+    _out(f"Release {dep.release}: revision {getattr(rev, 'revision', '?')} in namespace {dep.namespace}.")
+    if args.no_follow:
+        return 0
+    return follow(args, dep)
+
+
+def follow(args: argparse.Namespace, dep: Deployment) -> int:
+    from gemma3_ray import cluster
+
+    k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+    custom = k8s.CustomObjectsApi()
+    last = None
+    while True:
+        state = cluster.rayjob_state(cluster.find_rayjob(custom, dep.namespace, dep.release))
+        now = (state.deployment_status, state.job_status)
+        if now != last:
+            _out(f"RayJob {state.name}: {state.deployment_status} / {state.job_status} {state.message}".rstrip())
+            last = now
+        if state.job_status in TERMINAL_JOB_STATES or state.deployment_status in TERMINAL_DEPLOYMENT_STATES:
+            return 0 if state.job_status == "SUCCEEDED" else EXIT_FAILURE
+        time.sleep(POLL_INTERVAL_S)
+
+
+def cmd_status(args: argparse.Namespace, clients: Clients | None) -> int:
+    from gemma3_ray import cluster
+
+    dep, clients = _deployment(args, clients)
+    k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+    state = cluster.rayjob_state(cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release))
+    _out(f"RayJob {dep.namespace}/{state.name}: deployment {state.deployment_status}, job {state.job_status}"
+         + (f" ({state.message})" if state.message else ""))
+    dash = cluster.dashboard_job(k8s.CoreV1Api(), dep.namespace, state.ray_cluster, state.job_id)
+    if dash:
+        _out(f"Ray dashboard: job {state.job_id} {dash.get('status', '?')} {dash.get('message') or ''}".rstrip())
+    else:
+        _out("Ray dashboard: not reachable (the cluster is not up, or it was deleted after the job)")
+    ckpt = cluster.newest_checkpoint(clients.get_storage(), dep.bucket, dep.prefix)
+    _out(f"Newest checkpoint: {ckpt.path} ({ckpt.updated})" if ckpt else
+         f"Newest checkpoint: none yet under gs://{dep.bucket}/{dep.prefix}/")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, clients: Clients | None) -> int:
+    from gemma3_ray import cluster
+
+    dep, _ = _deployment(args, clients)
+    k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+    state = cluster.rayjob_state(cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release))
+    for chunk in cluster.driver_log(k8s.CoreV1Api(), dep.namespace, state.name, follow=args.follow):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_down(args: argparse.Namespace, clients: Clients | None) -> int:
+    from gemma3_ray import prereqs, release
+
+    dep, clients = _deployment(args, clients)
+    if args.uninstall:
+        if args.dry_run:
+            _out(f"  + helm uninstall {dep.release} -n {dep.namespace}")
+        else:
+            release.uninstall(release.client(args.kubeconfig, args.kube_context), dep.release, dep.namespace)
+            _out(f"Uninstalled release {dep.release}.")
+    if not args.prereqs:
+        return 0
+    plan = prereqs.teardown_plan(dep, clients, delete_bucket=args.delete_bucket)
+    _out(f"Removing the prerequisites of project {dep.project}, namespace {dep.namespace}:")
+    for line in plan.lines():
+        _out(line)
+    if not plan.actions:
+        _out("Nothing to remove.")
+    elif args.dry_run:
+        _out("Dry run: nothing changed.")
+    else:
+        for a in plan.actions:
+            _out(f"  ... {a.text}")
+            a.run()
+        _out("Done.")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]
-    del sub, add_common
+    p = sub.add_parser("prereqs", help="create the GCP prerequisites Helm cannot (plan first with --dry-run)")
+    add_common(p)
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--hf-token-from-env", metavar="VAR",
+                   help="also create the Hugging Face token Secret from environment variable VAR (never a flag value)")
+    p.set_defaults(handler=cmd_prereqs)
+
+    p = sub.add_parser("doctor", help="check gcloud auth, the cluster, KubeRay, the Secret, bucket and Workload Identity")
+    add_common(p)
+    p.add_argument("--values", help="values file to check against the installed KubeRay CRD")
+    p.set_defaults(handler=cmd_doctor)
+
+    p = sub.add_parser("up", help="prereqs, values, helm upgrade --install, then follow the RayJob")
+    add_common(p)
+    p.add_argument("--chart", help="chart directory (default: charts/gemma3-ray beside the plugin)")
+    p.add_argument("--values-file", help=f"values file to write/update (default: RELEASE-values.yaml, e.g. {names.PRODUCT}-values.yaml)")
+    p.add_argument("-f", "--extra-values", action="append", help="more values files, applied after the generated one")
+    p.add_argument("--hf-token-from-env", metavar="VAR", help="create the HF token Secret from environment variable VAR")
+    p.add_argument("--no-follow", action="store_true", help="return after helm instead of following the RayJob")
+    p.set_defaults(handler=cmd_up)
+
+    p = sub.add_parser("status", help="the RayJob's state, the Ray dashboard's job status, the newest checkpoint")
+    add_common(p)
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("logs", help="the job's driver log")
+    add_common(p)
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+    p.set_defaults(handler=cmd_logs)
+
+    p = sub.add_parser("down", help="helm uninstall; with --prereqs also remove what `prereqs` created")
+    add_common(p)
+    p.add_argument("--no-uninstall", dest="uninstall", action="store_false", help="keep the Helm release")
+    p.add_argument("--prereqs", action="store_true", help="remove the IAM bindings and the GSA `prereqs` created")
+    p.add_argument("--delete-bucket", action="store_true", help="with --prereqs: also delete the bucket and its objects")
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, change nothing")
+    p.set_defaults(handler=cmd_down)

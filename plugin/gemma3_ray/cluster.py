@@ -1,0 +1,187 @@
+"""The cluster side, through the ``kubernetes`` client: the HF Secret, the RayJob, its driver log,
+the KubeRay CRDs, and the newest checkpoint in the bucket."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gemma3_ray.errors import ClusterError, UserError
+
+RAY_GROUP = "ray.io"
+RAY_VERSION = "v1"
+RAYJOB_PLURAL = "rayjobs"
+RAYJOB_CRD = "rayjobs.ray.io"
+RAYCLUSTER_CRD = "rayclusters.ray.io"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+DASHBOARD_PORT = 8265
+HTTP_NOT_FOUND = 404
+HTTP_FORBIDDEN = 403
+
+
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context)
+    except (ConfigException, FileNotFoundError) as exc:
+        raise ClusterError(
+            f"No usable kube context ({exc}): run `gcloud container clusters get-credentials CLUSTER --location "
+            "LOCATION` or pass --kubeconfig / --kube-context."
+        ) from exc
+    return client
+
+
+def core_v1(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    return load_config(kubeconfig, context).CoreV1Api()
+
+
+def _api_error(exc: Exception, what: str) -> UserError:
+    status = getattr(exc, "status", None)
+    if status == HTTP_FORBIDDEN:
+        return ClusterError(f"The cluster forbids you to {what}: ask for a Role that allows it in this namespace.")
+    return ClusterError(f"Could not {what}: {getattr(exc, 'reason', None) or exc}.")
+
+
+def read_secret(core: Any, namespace: str, name: str) -> Any | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return core.read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return None
+        raise _api_error(exc, f"read Secret {namespace}/{name}") from exc
+
+
+def put_secret(core: Any, namespace: str, name: str, key: str, value: str, labels: dict[str, str]) -> None:
+    """Create or replace an Opaque Secret holding ``value`` under ``key`` (value never logged)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+        type="Opaque",
+        data={key: base64.b64encode(value.encode()).decode()},
+    )
+    try:
+        core.create_namespaced_secret(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:  # noqa: PLR2004 - exists: replace below
+            raise _api_error(exc, f"create Secret {namespace}/{name}") from None
+        try:
+            core.replace_namespaced_secret(name, namespace, body)
+        except ApiException as exc2:
+            raise _api_error(exc2, f"update Secret {namespace}/{name}") from None
+
+
+@dataclass(frozen=True)
+class RayJobState:
+    name: str
+    job_status: str
+    deployment_status: str
+    message: str
+    ray_cluster: str
+    job_id: str
+    dashboard_url: str
+
+
+def rayjob_state(obj: dict[str, Any]) -> RayJobState:
+    status = obj.get("status") or {}
+    return RayJobState(
+        name=obj["metadata"]["name"],
+        job_status=status.get("jobStatus") or "PENDING",
+        deployment_status=status.get("jobDeploymentStatus") or "New",
+        message=status.get("message") or "",
+        ray_cluster=status.get("rayClusterName") or "",
+        job_id=status.get("jobId") or "",
+        dashboard_url=status.get("dashboardURL") or "",
+    )
+
+
+def find_rayjob(custom: Any, namespace: str, release: str) -> dict[str, Any]:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        items = custom.list_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, label_selector=f"{INSTANCE_LABEL}={release}"
+        ).get("items", [])
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            raise ClusterError("The RayJob CRD is not installed: install the KubeRay operator first "
+                               "(see `gemma3-ray doctor`).") from None
+        raise _api_error(exc, f"list RayJobs in {namespace}") from None
+    if not items:
+        raise ClusterError(f"No RayJob of release {release!r} in namespace {namespace}: run `gemma3-ray up` "
+                           "or `helm install` first.")
+    return max(items, key=lambda o: o["metadata"].get("creationTimestamp") or "")
+
+
+def dashboard_job(core: Any, namespace: str, ray_cluster: str, job_id: str) -> dict[str, Any] | None:
+    """The Ray dashboard's view of the job, through the API server's service proxy (None if unreachable)."""
+    if not (ray_cluster and job_id):
+        return None
+    try:
+        raw = core.connect_get_namespaced_service_proxy_with_path(
+            f"{ray_cluster}-head-svc:{DASHBOARD_PORT}", namespace, f"api/jobs/{job_id}")
+    except Exception:
+        return None
+    try:
+        return json.loads(raw) if isinstance(raw, str) else dict(raw)
+    except (ValueError, TypeError):
+        return None
+
+
+def driver_log(core: Any, namespace: str, rayjob: str, follow: bool) -> Iterator[str]:
+    """The driver's output: KubeRay's submitter Job (named after the RayJob) runs `ray job submit` and
+    follows the driver log, so its pod log is the driver log."""
+    from kubernetes.client.exceptions import ApiException
+
+    pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={rayjob}").items
+    if not pods:
+        raise ClusterError(f"The submitter pod of RayJob {rayjob} does not exist yet: wait for the Ray cluster "
+                           "to start (`gemma3-ray status`).")
+    pod = max(pods, key=lambda p: p.metadata.creation_timestamp or 0)
+    try:
+        resp = core.read_namespaced_pod_log(pod.metadata.name, namespace, follow=follow, _preload_content=False)
+        for chunk in resp.stream():
+            yield chunk.decode(errors="replace")
+    except ApiException as exc:
+        raise _api_error(exc, f"read the log of pod {namespace}/{pod.metadata.name}") from None
+
+
+def crd(api_ext: Any, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        obj = api_ext.read_custom_resource_definition(name)
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return None
+        raise _api_error(exc, f"read CRD {name}") from None
+    return obj if isinstance(obj, dict) else api_ext.api_client.sanitize_for_serialization(obj)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: str
+    updated: str
+
+
+def newest_checkpoint(storage: Any, bucket: str, prefix: str) -> Checkpoint | None:
+    """The newest Ray Train checkpoint directory under gs://bucket/prefix (by last write, then name)."""
+    best: tuple[str, str] | None = None
+    for blob in storage.list_blobs(bucket, prefix=prefix.rstrip("/") + "/"):
+        parts = blob.name.split("/")
+        idx = next((i for i, p in enumerate(parts[:-1]) if p.startswith("checkpoint_")), None)
+        if idx is None:
+            continue
+        directory = "/".join(parts[: idx + 1])
+        updated = blob.updated.isoformat() if blob.updated else ""
+        if best is None or (updated, directory) > best:
+            best = (updated, directory)
+    return Checkpoint(path=f"gs://{bucket}/{best[1]}", updated=best[0]) if best else None

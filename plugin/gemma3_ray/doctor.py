@@ -1,0 +1,194 @@
+"""`doctor`: checks a deployment end to end and says how to fix each problem."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gemma3_ray import cluster, kuberay_crd, names, prereqs
+from gemma3_ray.deployment import Deployment
+from gemma3_ray.errors import UserError
+from gemma3_ray.gcp_clients import Clients
+
+WI_ANNOTATION = "iam.gke.io/gcp-service-account"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str  # what was found, or how to fix it
+
+    def line(self) -> str:
+        return f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
+
+
+@dataclass
+class Kube:
+    """The Kubernetes APIs doctor reads (any may be None when there is no cluster to talk to)."""
+
+    core: Any = None
+    api_ext: Any = None
+    context: str | None = None
+
+
+def _guard(name: str, fn: Callable[[], Check]) -> Check:
+    try:
+        return fn()
+    except UserError as exc:
+        return Check(name, False, str(exc))
+
+
+def check_auth(dep: Deployment, clients: Clients) -> Check:
+    def run() -> Check:
+        clients.credentials()
+        who = dep.account or "application default credentials"
+        return Check("gcloud auth", True, f"credentials found ({who})")
+
+    return _guard("gcloud auth", run)
+
+
+def check_context(dep: Deployment, kube: Kube) -> Check:
+    if not kube.context:
+        return Check("kube context", False, "no current kube context: run `gcloud container clusters get-credentials "
+                     f"{dep.cluster or 'CLUSTER'} --location {dep.region} --project {dep.project}`")
+    from gemma3_ray.kube_context import parse_gke_context
+
+    gke = parse_gke_context(kube.context)
+    if gke is None:
+        return Check("kube context", False, f"{kube.context!r} is not a GKE context (gke_PROJECT_LOCATION_NAME): "
+                     "switch with `kubectl config use-context` or pass --kube-context")
+    if (gke.project, gke.name) != (dep.project, dep.cluster or gke.name):
+        return Check("kube context", False, f"{kube.context} is cluster {gke.name} of {gke.project}, not "
+                     f"{dep.cluster} of {dep.project}: switch context or pass --project/--cluster")
+    return Check("kube context", True, f"cluster {gke.name} in {gke.location} ({gke.project})")
+
+
+def check_crds(kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
+    if kube.api_ext is None:
+        return [Check("KubeRay CRDs", False, "no cluster connection")]
+    out = []
+    for name in (cluster.RAYCLUSTER_CRD, cluster.RAYJOB_CRD):
+        obj = _guard_crd(kube, name)
+        if isinstance(obj, Check):
+            out.append(obj)
+            continue
+        if name == cluster.RAYJOB_CRD:
+            try:
+                report = kuberay_crd.rayjob_spec_fields(obj)
+            except ValueError as exc:
+                out.append(Check(name, False, f"{exc}: upgrade the KubeRay operator"))
+                continue
+            if report.missing_required:
+                out.append(Check(name, False, f"too old, lacks {', '.join(report.missing_required)}: upgrade KubeRay"))
+                continue
+            known = [f for f in kuberay_crd.OPTIONAL_FIELDS if report.supports(f)]
+            unknown = [f for f in kuberay_crd.OPTIONAL_FIELDS if not report.supports(f)]
+            detail = f"v1 served; optional fields known: {', '.join(known) or 'none'}"
+            if unknown:
+                detail += f"; not known (leave unset): {', '.join(unknown)}"
+            bad = kuberay_crd.unsupported_values(report, values or {})
+            if bad:
+                out.append(Check(name, False, "your values use fields this KubeRay lacks: " + "; ".join(bad)))
+            else:
+                out.append(Check(name, True, detail))
+        else:
+            out.append(Check(name, True, "installed"))
+    return out
+
+
+def _guard_crd(kube: Kube, name: str) -> dict[str, Any] | Check:
+    try:
+        obj = cluster.crd(kube.api_ext, name)
+    except UserError as exc:
+        return Check(name, False, str(exc))
+    if obj is None:
+        return Check(name, False, "not installed: install the KubeRay operator (GKE: enable the Ray Operator add-on, "
+                     "`gcloud container clusters update CLUSTER --update-addons=RayOperator=ENABLED`)")
+    return obj
+
+
+def check_hf_secret(dep: Deployment, kube: Kube) -> Check:
+    name = "Hugging Face Secret"
+    if kube.core is None:
+        return Check(name, False, "no cluster connection")
+    try:
+        secret = cluster.read_secret(kube.core, dep.namespace, dep.hf_secret)
+    except UserError as exc:
+        return Check(name, False, str(exc))
+    if secret is None:
+        return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} is missing: run `HF_TOKEN=... gemma3-ray "
+                     f"prereqs --hf-token-from-env HF_TOKEN -n {dep.namespace}`")
+    if dep.hf_secret_key not in (secret.data or {}):
+        return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} has no key {dep.hf_secret_key!r}: "
+                     "pass --hf-secret-key with the key it has, or recreate it")
+    return Check(name, True, f"{dep.namespace}/{dep.hf_secret} has key {dep.hf_secret_key}")
+
+
+def check_bucket(dep: Deployment, clients: Clients) -> Check:
+    def run() -> Check:
+        p = prereqs.Prereqs(dep, clients)
+        bucket = p._bucket_state()  # raises RegionMismatch / BucketOwnedElsewhere with the fix
+        if bucket is None:
+            return Check("bucket", False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
+        return Check("bucket", True, f"gs://{dep.bucket} in {bucket.location}, cluster in {dep.region}")
+
+    return _guard("bucket", run)
+
+
+def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> list[Check]:
+    out = []
+
+    def binding() -> Check:
+        from gemma3_ray import iam_policy
+
+        access = iam_policy.service_account_policy(clients.get_iam(), dep.gsa_resource)
+        try:
+            policy = p._call("read the IAM policy of", dep.gsa_email, access.read)
+        except Exception as exc:  # NotFound: no GSA yet
+            from google.api_core import exceptions as gexc
+
+            if isinstance(exc, gexc.NotFound):
+                return Check("Workload Identity binding", False, f"{dep.gsa_email} does not exist: run `gemma3-ray prereqs`")
+            raise
+        if access.has(policy, prereqs.WORKLOAD_IDENTITY_ROLE, dep.wi_member):
+            return Check("Workload Identity binding", True, f"{dep.wi_member} may act as {dep.gsa_email}")
+        return Check("Workload Identity binding", False, f"{dep.wi_member} lacks {prereqs.WORKLOAD_IDENTITY_ROLE} on "
+                     f"{dep.gsa_email}: run `gemma3-ray prereqs -n {dep.namespace} --ksa {dep.ksa}`")
+
+    p = prereqs.Prereqs(dep, clients)
+    out.append(_guard("Workload Identity binding", binding))
+    if kube.core is None:
+        out.append(Check("KSA annotation", False, "no cluster connection"))
+        return out
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        ksa = kube.core.read_namespaced_service_account(dep.ksa, dep.namespace)
+    except ApiException as exc:
+        if exc.status == cluster.HTTP_NOT_FOUND:
+            out.append(Check("KSA annotation", False, f"ServiceAccount {dep.namespace}/{dep.ksa} does not exist yet: the "
+                             "chart creates it (`helm install ... -f values.yaml`)"))
+            return out
+        raise
+    annotation = (ksa.metadata.annotations or {}).get(WI_ANNOTATION)
+    if annotation == dep.gsa_email:
+        out.append(Check("KSA annotation", True, f"{WI_ANNOTATION}={annotation}"))
+    else:
+        out.append(Check("KSA annotation", False, f"ServiceAccount {dep.namespace}/{dep.ksa} has {WI_ANNOTATION}="
+                         f"{annotation or '(none)'}, expected {dep.gsa_email}: set serviceAccount.gcpServiceAccount "
+                         "(`gemma3-ray values`) and upgrade the release"))
+    return out
+
+
+def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
+    names.project_id(dep.project)
+    return [
+        check_auth(dep, clients),
+        check_context(dep, kube),
+        *check_crds(kube, values),
+        check_hf_secret(dep, kube),
+        check_bucket(dep, clients),
+        *check_workload_identity(dep, clients, kube),
+    ]

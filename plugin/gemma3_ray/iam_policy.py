@@ -1,0 +1,131 @@
+"""IAM read-modify-write with etags: add or remove one (role, member) binding without losing others.
+
+Both IAM flavours the plugin edits go through here: service account policies (``google.iam.v1``
+protos from the IAM Admin API, which answers a stale etag with ABORTED/409) and bucket policies
+(``google.cloud.storage`` ``Policy`` objects; Cloud Storage answers a stale etag with 412). On either,
+the whole read-modify-write is retried with jittered exponential backoff, so concurrent writers never
+drop each other's bindings.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+MAX_ATTEMPTS = 10
+BACKOFF_BASE_S = 0.05
+BACKOFF_MAX_S = 2.0
+# A Google service account created a moment ago may not be visible to IAM yet: setIamPolicy then
+# answers 400 "... does not exist". It appears within seconds (eventual consistency).
+_NEW_MEMBER_HINTS = ("does not exist", "not found")
+
+
+class Conflicted(Exception):
+    """Raised internally when a write lost the race; the caller re-reads and retries."""
+
+
+@dataclass(frozen=True)
+class PolicyAccess:
+    """How to read and write one resource's policy and edit its bindings."""
+
+    read: Callable[[], Any]
+    write: Callable[[Any], Any]
+    has: Callable[[Any, str, str], bool]
+    add: Callable[[Any, str, str], None]
+    remove: Callable[[Any, str, str], None]
+
+
+def _retryable(exc: Exception) -> bool:
+    if isinstance(exc, gexc.Conflict | gexc.PreconditionFailed):  # Aborted is a Conflict
+        return True
+    if isinstance(exc, gexc.BadRequest | gexc.InvalidArgument):
+        return any(h in str(exc).lower() for h in _NEW_MEMBER_HINTS)
+    return False
+
+
+def change_binding(access: PolicyAccess, role: str, member: str, *, present: bool,
+                   sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Make (role, member) present or absent; True if the policy was written."""
+    for attempt in range(MAX_ATTEMPTS):
+        policy = access.read()
+        if access.has(policy, role, member) == present:
+            return False
+        (access.add if present else access.remove)(policy, role, member)
+        try:
+            access.write(policy)
+            return True
+        except Exception as exc:
+            if not _retryable(exc) or attempt == MAX_ATTEMPTS - 1:
+                raise
+        sleep(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt) * (0.5 + random.random()))  # noqa: S311
+    raise AssertionError("unreachable")
+
+
+# --- google.iam.v1 Policy protos (IAM Admin API: service accounts) ---------------------------------
+
+def _proto_has(policy: Any, role: str, member: str) -> bool:
+    return any(b.role == role and member in b.members and not b.condition.expression for b in policy.bindings)
+
+
+def _proto_add(policy: Any, role: str, member: str) -> None:
+    for b in policy.bindings:
+        if b.role == role and not b.condition.expression:
+            b.members.append(member)
+            return
+    policy.bindings.add(role=role, members=[member])
+
+
+def _proto_remove(policy: Any, role: str, member: str) -> None:
+    for i, b in enumerate(list(policy.bindings)):
+        if b.role == role and member in b.members and not b.condition.expression:
+            b.members.remove(member)
+            if not b.members:
+                del policy.bindings[i]
+            return
+
+
+def service_account_policy(iam: Any, resource: str) -> PolicyAccess:
+    return PolicyAccess(
+        read=lambda: iam.get_iam_policy(request={"resource": resource}),
+        write=lambda p: iam.set_iam_policy(request={"resource": resource, "policy": p}),
+        has=_proto_has, add=_proto_add, remove=_proto_remove,
+    )
+
+
+# --- google.cloud.storage Policy (bucket IAM) --------------------------------------------------------
+
+REQUESTED_POLICY_VERSION = 3
+
+
+def _bucket_has(policy: Any, role: str, member: str) -> bool:
+    return any(b["role"] == role and member in b["members"] and not b.get("condition") for b in policy.bindings)
+
+
+def _bucket_add(policy: Any, role: str, member: str) -> None:
+    for b in policy.bindings:
+        if b["role"] == role and not b.get("condition"):
+            b["members"] = set(b["members"]) | {member}
+            return
+    policy.bindings.append({"role": role, "members": {member}})
+
+
+def _bucket_remove(policy: Any, role: str, member: str) -> None:
+    for b in list(policy.bindings):
+        if b["role"] == role and member in b["members"] and not b.get("condition"):
+            b["members"] = set(b["members"]) - {member}
+            if not b["members"]:
+                policy.bindings.remove(b)
+            return
+
+
+def bucket_policy(bucket: Any) -> PolicyAccess:
+    return PolicyAccess(
+        read=lambda: bucket.get_iam_policy(requested_policy_version=REQUESTED_POLICY_VERSION),
+        write=bucket.set_iam_policy,
+        has=_bucket_has, add=_bucket_add, remove=_bucket_remove,
+    )

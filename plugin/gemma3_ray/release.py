@@ -1,0 +1,75 @@
+"""The Helm release, driven through pyhelm3 (which runs the helm binary): install/upgrade, uninstall."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from gemma3_ray.errors import ClusterError, NotFound
+
+# The chart beside the plugin in this repository (plugin/ and charts/ are siblings).
+DEFAULT_CHART = Path(__file__).resolve().parents[2] / "charts" / "gemma3-ray"
+HELM_TIMEOUT = "10m"
+
+
+def helm_executable() -> str:
+    """The helm that runs us as a plugin ($HELM_BIN), else $HELM, else helm on PATH."""
+    return os.environ.get("HELM_BIN") or os.environ.get("HELM") or "helm"
+
+
+def client(kubeconfig: str | None, context: str | None) -> Any:
+    from pyhelm3 import Client
+
+    return Client(executable=helm_executable(), kubeconfig=Path(kubeconfig) if kubeconfig else None,
+                  kubecontext=context, default_timeout=HELM_TIMEOUT)
+
+
+def chart_path(chart: str | None) -> Path:
+    path = Path(chart) if chart else DEFAULT_CHART
+    if not (path / "Chart.yaml").is_file():
+        raise NotFound(f"No chart at {path}: pass --chart with the path of charts/gemma3-ray.")
+    return path
+
+
+async def _upgrade(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> Any:
+    loaded = await helm.get_chart(chart)
+    return await helm.install_or_upgrade_release(release, loaded, *values, namespace=namespace,
+                                                 create_namespace=False, wait=False)
+
+
+async def _template(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> list[Any]:
+    loaded = await helm.get_chart(chart)
+    return list(await helm.template_resources(loaded, release, *values, namespace=namespace))
+
+
+def upgrade_install(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> Any:
+    try:
+        return asyncio.run(_upgrade(helm, release, chart, values, namespace))
+    except Exception as exc:
+        raise ClusterError(f"helm upgrade --install {release} failed: {_first_line(exc)}.") from exc
+
+
+def template(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> list[Any]:
+    """What `up` would install, rendered by helm without a cluster."""
+    try:
+        return asyncio.run(_template(helm, release, chart, values, namespace))
+    except Exception as exc:
+        raise ClusterError(f"helm template {release} failed: {_first_line(exc)}.") from exc
+
+
+def uninstall(helm: Any, release: str, namespace: str) -> None:
+    try:
+        asyncio.run(helm.uninstall_release(release, namespace=namespace, wait=False))
+    except Exception as exc:
+        text = _first_line(exc)
+        if "not found" in text.lower():
+            return
+        raise ClusterError(f"helm uninstall {release} failed: {text}.") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    text = (getattr(exc, "stderr", b"") or b"")
+    text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+    return (text.strip() or str(exc)).splitlines()[0].removeprefix("Error: ").rstrip(".")

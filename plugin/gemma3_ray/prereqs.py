@@ -161,16 +161,23 @@ class Prereqs:
         bucket.iam_configuration.uniform_bucket_level_access_enabled = True
         bucket.iam_configuration.public_access_prevention = "enforced"
         bucket.labels = dict([MANAGED_BY_LABEL])
+        created = True
         try:
             storage.create_bucket(bucket, location=self.dep.region)
         except gexc.Conflict:
-            pass  # created meanwhile: by a concurrent run of ours, or by someone else (checked below)
+            created = False  # created meanwhile: by a concurrent run, or by another project (checked below)
         except Exception as exc:
             raise translate(exc, "create", f"gs://{self.dep.bucket}") from exc
         current = self._bucket_state()
         if current is None:
             raise self._owned_elsewhere()
-        if not self._bucket_hardened(current):  # the settings must hold whatever created the bucket
+        # Read back: the settings must hold whatever served the create (emulators drop some of them).
+        key, value = MANAGED_BY_LABEL
+        if created and (current.labels or {}).get(key) != value:
+            current.labels = {**(current.labels or {}), key: value}
+            if self._bucket_hardened(current):
+                self._call("update", f"gs://{current.name}", lambda: current.patch())
+        if not self._bucket_hardened(current):
             self._harden(current)
 
     def _bucket(self, plan: Plan) -> Any | None:

@@ -1,0 +1,223 @@
+"""`prereqs` and `down` against real storage emulators (gcp-storage-emulator for buckets + bucket IAM,
+fake-gcs-server for bucket locations) and the IAM / Service Usage fakes, through the CLI's own code."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from gemma3_ray import cli, commands, prereqs
+from gemma3_ray.deployment import Overrides, resolve
+from gemma3_ray.gcp_clients import Clients
+
+from tests.plugin.conftest import ALL_SERVICES, PROJECT, REGION, Recorder, storage_client
+from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
+
+GSA = f"gemma3-ray@{PROJECT}.iam.gserviceaccount.com"
+BUCKET = f"{PROJECT}-gemma3-ray"
+BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context"]
+
+
+def _clients(url: str, iam: FakeIAM, usage: FakeServiceUsage, rec: Recorder | None = None) -> Clients:
+    return Clients(project=PROJECT, storage=storage_client(url, rec), iam=iam, service_usage=usage)
+
+
+def _bucket_members(url: str, role: str, bucket: str = BUCKET) -> set[str]:
+    policy = storage_client(url).bucket(bucket).get_iam_policy(requested_policy_version=3)
+    return {m for b in policy.bindings if b["role"] == role for m in b["members"]}
+
+
+def _sa_members(iam: FakeIAM, role: str) -> set[str]:
+    return {m for b in iam.policies[GSA].bindings if b.role == role for m in b.members}
+
+
+def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rec = Recorder()
+    args = [*BASE, "-n", "team-a", "--ksa", "trainer"]
+    assert cli.main(["prereqs", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
+    out = capsys.readouterr().out
+    assert f"+ create bucket gs://{BUCKET} in {REGION}" in out
+    assert "Done: 6 change(s) applied." in out
+
+    assert fake_usage.enabled == ALL_SERVICES
+    bucket = storage_client(gcs_iam_emulator).get_bucket(BUCKET)
+    assert bucket.iam_configuration.uniform_bucket_level_access_enabled is True
+    assert bucket.iam_configuration.public_access_prevention == "enforced"
+    assert bucket.labels == {"managed-by": "gemma3-ray"}
+    for role in prereqs.BUCKET_ROLES:
+        assert _bucket_members(gcs_iam_emulator, role) == {f"serviceAccount:{GSA}"}
+    assert _bucket_members(gcs_iam_emulator, "roles/storage.admin") == set()
+    assert fake_iam.accounts[GSA].description == prereqs.GSA_DESCRIPTION
+    assert _sa_members(fake_iam, prereqs.WORKLOAD_IDENTITY_ROLE) == {
+        f"serviceAccount:{PROJECT}.svc.id.goog[team-a/trainer]"}
+
+    mutations = (len(rec.mutations()), len(fake_iam.mutations()), len(fake_usage.mutations()))
+    assert cli.main(["prereqs", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
+    out = capsys.readouterr().out
+    assert "Nothing to do: every prerequisite is in place." in out
+    assert "+ " not in out
+    assert (len(rec.mutations()), len(fake_iam.mutations()), len(fake_usage.mutations())) == mutations
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    rec = Recorder()
+    assert cli.main(["prereqs", "--dry-run", *BASE], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
+    out = capsys.readouterr().out
+    planned = [line for line in out.splitlines() if line.startswith("  + ")]
+    assert len(planned) == 6, out
+    assert "enable APIs: storage.googleapis.com" in out
+    assert f"grant roles/iam.workloadIdentityUser on {GSA}" in out
+    assert "Dry run: nothing changed" in out
+    assert rec.requests, "the plan reads the bucket"
+    assert rec.mutations() == []
+    assert fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert list(storage_client(gcs_iam_emulator).list_buckets()) == []
+
+
+def test_two_concurrent_runs_keep_every_binding(gcs_iam_emulator: str, fake_usage: FakeServiceUsage) -> None:
+    iam = FakeIAM(read_barrier=threading.Barrier(2, timeout=60))  # both read the policy before either writes
+    teams = [("team-a", "trainer-a"), ("team-b", "trainer-b")]
+    errors: list[BaseException] = []
+
+    def run(ns: str, ksa: str) -> None:
+        try:
+            dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns, ksa=ksa), None, None)
+            clients = _clients(gcs_iam_emulator, iam, fake_usage)
+            assert commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=t) for t in teams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert iam.conflicts >= 1, "the interleaved writes must have met a stale etag"
+    assert _sa_members(iam, prereqs.WORKLOAD_IDENTITY_ROLE) == {
+        f"serviceAccount:{PROJECT}.svc.id.goog[{ns}/{ksa}]" for ns, ksa in teams}
+    assert _bucket_members(gcs_iam_emulator, "roles/storage.objectAdmin") == {f"serviceAccount:{GSA}"}
+    assert len(iam.accounts) == 1
+
+
+def test_down_removes_what_prereqs_made_and_the_bucket_only_when_asked(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    clients = _clients(gcs_iam_emulator, fake_iam, fake_usage)
+    assert cli.main(["prereqs", *BASE], clients) == 0
+    storage_client(gcs_iam_emulator).bucket(BUCKET).blob("gemma3-ray/gemma3-ray/summary.json").upload_from_string("{}")
+    capsys.readouterr()
+
+    assert cli.main(["down", "--no-uninstall", "--prereqs", "--dry-run", *BASE], clients) == 0
+    assert "Dry run: nothing changed." in capsys.readouterr().out
+    assert GSA in fake_iam.accounts
+
+    assert cli.main(["down", "--no-uninstall", "--prereqs", *BASE], clients) == 0
+    out = capsys.readouterr().out
+    assert f"delete Google service account {GSA}" in out
+    assert "kept (pass --delete-bucket" in out
+    assert GSA not in fake_iam.accounts
+    assert _bucket_members(gcs_iam_emulator, "roles/storage.objectAdmin") == set()
+    assert storage_client(gcs_iam_emulator).lookup_bucket(BUCKET) is not None
+
+    assert cli.main(["down", "--no-uninstall", "--prereqs", "--delete-bucket", *BASE], clients) == 0
+    assert storage_client(gcs_iam_emulator).lookup_bucket(BUCKET) is None
+
+
+def _one_sentence_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gemma3-ray: error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_permission_denied_names_the_permission_and_the_role(
+    gcs_iam_emulator: str, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    iam = FakeIAM(allowed={"iam.serviceAccounts.get", "iam.serviceAccounts.getIamPolicy"})
+    assert cli.main(["prereqs", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 1
+    err = _one_sentence_error(capsys)
+    assert "'iam.serviceAccounts.create'" in err and "roles/iam.serviceAccountAdmin" in err
+
+
+def test_disabled_api_says_how_to_enable_it(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, capsys: pytest.CaptureFixture[str],
+) -> None:
+    usage = FakeServiceUsage(project_number="123456789012", self_disabled=True)
+    assert cli.main(["prereqs", "--dry-run", *BASE], _clients(gcs_iam_emulator, fake_iam, usage)) == 1
+    err = _one_sentence_error(capsys)
+    assert "serviceusage.googleapis.com API is disabled" in err
+    assert "gcloud services enable serviceusage.googleapis.com --project 123456789012" in err
+
+
+def test_bucket_of_another_project_is_refused(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, capsys: pytest.CaptureFixture[str],
+) -> None:
+    storage_client(gcs_iam_emulator).create_bucket("taken-name")  # the emulator's project number: 123456789012
+    usage = FakeServiceUsage(project_number="999999999999")  # ours differs
+    rc = cli.main(["prereqs", *BASE, "--bucket", "taken-name"], _clients(gcs_iam_emulator, fake_iam, usage))
+    assert rc == 1
+    err = _one_sentence_error(capsys)
+    assert "'taken-name' is taken by another project" in err and "--bucket" in err
+    assert fake_iam.mutations() == []
+
+
+def test_bucket_in_another_region_is_refused(
+    fake_gcs_factory, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = fake_gcs_factory("EUROPE-WEST4")  # fake-gcs-server puts every bucket in its -location
+    storage_client(url).create_bucket(BUCKET)
+    assert cli.main(["prereqs", *BASE], _clients(url, fake_iam, fake_usage)) == 1
+    err = _one_sentence_error(capsys)
+    assert f"gs://{BUCKET} is in EUROPE-WEST4 but the cluster is in {REGION}" in err
+
+
+def test_bucket_in_the_clusters_region_is_accepted(
+    fake_gcs_factory, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = fake_gcs_factory(REGION.upper())
+    storage_client(url).create_bucket(BUCKET)
+    assert cli.main(["prereqs", "--dry-run", *BASE], _clients(url, fake_iam, fake_usage)) == 0
+    out = capsys.readouterr().out
+    assert f"create bucket gs://{BUCKET}" not in out
+    # fake-gcs-server keeps no bucket IAM settings, so hardening the existing bucket is planned
+    assert f"enforce uniform bucket-level access and public access prevention on gs://{BUCKET}" in out
+
+
+@pytest.mark.parametrize(("flag", "value", "field"), [
+    ("--bucket", "Bad_Bucket!", "bucket name"),
+    ("--bucket", "my-google-bucket", "bucket name"),
+    ("--gsa-name", "x", "Google service account ID"),
+    ("--ksa", "Trainer", "Kubernetes service account name"),
+    ("--namespace", "team_a", "Kubernetes namespace"),
+    ("--project", "My Project", "project ID"),
+    ("--region", "us-central1-a", "region"),
+    ("--machine-type", "n1-standard-4", "machine type"),
+])
+def test_invalid_names_fail_before_any_api_call(
+    flag: str, value: str, field: str, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rec = Recorder()
+    rc = cli.main(["prereqs", *BASE, flag, value], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    assert rc == 2
+    err = _one_sentence_error(capsys)
+    assert field.lower() in err.lower() and value in err
+    assert rec.requests == [] and fake_iam.calls == [] and fake_usage.calls == []
+
+
+def test_not_logged_in(gcloud_home, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    # no metadata server either: point google-auth's GCE probe at a closed local port
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    assert cli.main(["prereqs", "--dry-run", *BASE]) == 1
+    err = _one_sentence_error(capsys)
+    assert "Not logged in" in err and "gcloud auth application-default login" in err

@@ -182,9 +182,9 @@ def test_entrypoint_is_the_training_map_plus_derived_flags(renders: dict[str, Re
 
 def test_flags_json_and_shell_quoting_round_trip(renders: dict[str, Render]) -> None:
     f = flags(renders["token-extras-values.yaml"])
-    assert json.loads(f["column_mapping"]) == {"image": "img", "description": "text"}
+    assert json.loads(f["column_mapping"]) == {"image": "img", "answer": "description", "product": "Product Name"}
     assert f["system_message"] == "You are an expert product copywriter. Don't invent facts."
-    assert f["prompt_template"] == "Describe {Product Name} ({Category}) in one paragraph & be concise"
+    assert f["prompt_template"] == "Describe {product} in one paragraph & be concise; $HOME stays literal"
     assert f["max_steps"] == "1000000", "large integers must not become 1e+06"
     assert f["freeze_vision"] == "true"
     assert f["num_workers"] == "3"  # 3 replicas x 1 GPU

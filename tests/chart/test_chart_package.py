@@ -1,0 +1,56 @@
+"""The chart is self-contained: its trainer copy equals trainer/, and a packaged archive renders
+from a directory with no trainer/ beside it."""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import yaml
+from helm_render import CHART, CI_VALUES_DIR, ROOT, VALUES_DIR, helm_bin, helm_template
+
+TRAINER = ROOT / "trainer"
+CHART_TRAINER = CHART / "files" / "trainer"
+HELM_TIMEOUT_S = 120
+
+
+def trainer_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".py" or p.name == "requirements.txt"}
+
+
+def test_chart_trainer_copy_equals_trainer() -> None:
+    source = trainer_files(TRAINER)
+    assert "requirements.txt" in source
+    assert trainer_files(CHART_TRAINER) == source, "charts/gemma3-ray/files/trainer differs from trainer/: run `make sync-trainer`"
+    assert sorted(p.name for p in CHART_TRAINER.iterdir()) == sorted(source), "stray files in the chart's trainer copy"
+
+
+def test_chart_requirements_equal_trainer_requirements() -> None:
+    assert (CHART_TRAINER / "requirements.txt").read_bytes() == (TRAINER / "requirements.txt").read_bytes()
+
+
+def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:
+    for helm in ("HELM", "HELM3"):
+        dest = tmp_path / helm
+        dest.mkdir()
+        proc = subprocess.run([helm_bin(helm), "package", str(CHART), "-d", str(dest)],
+                              capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False)
+        assert proc.returncode == 0, proc.stderr
+        (archive,) = dest.glob("gemma3-ray-*.tgz")
+        chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+        assert archive.name == f"gemma3-ray-{chart_meta['version']}.tgz"
+        unpacked = tmp_path / f"vendored-{helm}"
+        with tarfile.open(archive) as tar:
+            names = tar.getnames()
+            tar.extractall(unpacked, filter="data")
+        assert "gemma3-ray/files/trainer/requirements.txt" in names
+        assert "gemma3-ray/values.schema.json" in names
+        assert not any("/ci/" in n and n.endswith(".tgz") for n in names)
+        vendored = unpacked / "gemma3-ray"
+        for values in (VALUES_DIR / "tutorial.yaml", CI_VALUES_DIR / "default-values.yaml"):
+            from_archive = helm_template([values], chart=vendored, helm=helm)
+            assert from_archive.returncode == 0, from_archive.stderr
+            assert from_archive.docs == helm_template([values], helm=helm).docs
+            cm = from_archive.one("ConfigMap")
+            assert cm["data"] == {k: v.decode() for k, v in trainer_files(TRAINER).items()}

@@ -1,0 +1,44 @@
+"""The rendered RayJob entrypoint is accepted by the trainer's own flag parser (the chart's copy of
+trainer/vision_train.py), for every values file: names, types and cross-flag rules agree."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+from types import ModuleType
+
+import pytest
+from helm_render import CHART, Render
+
+MOUNT = "/home/ray/trainer"
+SCRIPT = CHART / "files" / "trainer" / "vision_train.py"
+
+
+@pytest.fixture(scope="module")
+def trainer() -> ModuleType:
+    assert SCRIPT.exists(), "the chart has no trainer: run `make sync-trainer`"
+    spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_rendered_entrypoint_parses_with_the_trainer(renders: dict[str, Render], trainer: ModuleType,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "only-so-push_to_hub-validation-can-pass")
+    for name, r in renders.items():
+        argv = shlex.split(r.one("RayJob")["spec"]["entrypoint"])
+        assert argv[:2] == ["python", f"{MOUNT}/vision_train.py"], name
+        args = trainer.parse_args(argv[2:])
+        assert args.storage_path.startswith("gs://"), name
+        assert args.num_workers >= 1, name
+
+
+def test_trainer_rejects_what_the_chart_must_never_render(trainer: ModuleType) -> None:
+    with pytest.raises(trainer.UsageError):
+        trainer.parse_args(["--num_worker=2"])
+    with pytest.raises(trainer.UsageError):
+        trainer.parse_args(["--use_gpu=false", "--quantization=4bit"])

@@ -5,7 +5,8 @@ gcloud keeps its state under ``$CLOUDSDK_CONFIG`` (default ``~/.config/gcloud``)
 ``configurations/config_<name>`` is an INI file of ``[section] property = value``. The environment
 overrides both: ``CLOUDSDK_ACTIVE_CONFIG_NAME`` picks the configuration and
 ``CLOUDSDK_<SECTION>_<PROPERTY>`` (e.g. ``CLOUDSDK_CORE_PROJECT``) overrides a property — the same
-precedence gcloud itself applies. Installation-wide properties (``<sdk>/properties``) are not read:
+precedence gcloud itself applies. Without ``active_config`` (gcloud never ran), gcloud's first run
+rebuilds ``config_default`` from the legacy ``properties`` file, so that file is what is read then. Installation-wide properties (``<sdk>/properties``) are not read:
 they never hold the project, account, region, zone or cluster.
 """
 
@@ -60,7 +61,7 @@ def active_configuration(directory: Path, env: Mapping[str, str]) -> str:
         source = str(path)
         if not name:
             return DEFAULT_CONFIGURATION
-    if not _CONFIG_NAME_RE.match(name):
+    if not _CONFIG_NAME_RE.fullmatch(name):
         # gcloud itself does not strip the name: with a stray newline every property reads as unset.
         raise ConfigError(
             f"The gcloud configuration name {name!r} in {source} is not valid; run "
@@ -69,9 +70,9 @@ def active_configuration(directory: Path, env: Mapping[str, str]) -> str:
     return name
 
 
-def read_properties(directory: Path, configuration: str) -> configparser.ConfigParser:
+def read_properties(directory: Path, configuration: str, legacy: bool = False) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None)
-    path = directory / "configurations" / f"config_{configuration}"
+    path = directory / "properties" if legacy else directory / "configurations" / f"config_{configuration}"
     try:
         with path.open(encoding="utf-8") as fh:
             parser.read_file(fh)
@@ -102,7 +103,12 @@ def read_gcloud_state(env: Mapping[str, str] | None = None, configuration: str |
             f"There is no gcloud configuration named {configuration!r} in {directory}; list them with "
             "`gcloud config configurations list`."
         )
-    parser = read_properties(directory, name)
+    if configuration is None and not env.get("CLOUDSDK_ACTIVE_CONFIG_NAME") and not (directory / "active_config").exists():
+        # gcloud's first run: it (re)creates config_default from the legacy `properties` file, so that is
+        # what its properties are.
+        parser = read_properties(directory, "", legacy=True)
+    else:
+        parser = read_properties(directory, name)
     return GcloudState(
         config_dir=directory,
         configuration=name,

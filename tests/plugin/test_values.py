@@ -1,0 +1,233 @@
+"""`values`: derived from gcloud state and the kube context, stable, comment-preserving, and accepted by the
+chart (its JSON schema and `helm template` with Helm 4 and Helm 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from gemma3_ray import cli, machine_shapes
+from gemma3_ray.errors import InvalidName, MissingSetting, UserError
+from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.kube_context import parse_gke_context
+from google.cloud import compute_v1
+
+from tests.plugin.conftest import ROOT, GcloudHome
+
+CHART = ROOT / "charts" / "gemma3-ray"
+HELMS = {"helm4": os.environ.get("HELM", str(ROOT / ".tools/bin/helm")),
+         "helm3": os.environ.get("HELM3", str(ROOT / ".tools/bin/helm3"))}
+GCLOUD_PROPS = {"core": {"project": "acme-ml-1", "account": "ml@acme.example"},
+                "compute": {"region": "us-central1", "zone": "us-central1-c"}}
+
+
+def values(capsys: pytest.CaptureFixture[str], *args: str, clients: Clients | None = None) -> str:
+    rc = cli.main(["values", *args], clients)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return captured.out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def assert_chart_accepts(text: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """The values pass the chart's schema and render with both Helm majors; returns the rendered objects."""
+    mine = yaml.safe_load(text)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.validate(_merge(yaml.safe_load((CHART / "values.yaml").read_text()), mine), schema)
+    path = tmp_path / "values.yaml"
+    path.write_text(text)
+    docs: list[dict[str, Any]] = []
+    for helm in HELMS.values():
+        out = subprocess.run([helm, "template", "t", str(CHART), "-n", "ml", "-f", str(path)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return docs
+
+
+def _find(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def test_values_from_a_named_gcloud_configuration_render_with_the_chart(
+    gcloud_home: GcloudHome, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    gcloud_home.write("default", {"core": {"project": "wrong-proj-0"}})
+    gcloud_home.write("ml", GCLOUD_PROPS, activate=True)
+    text = values(capsys, "--machine-type", "a3-ultragpu-8g", "--replicas", "2", "-n", "ml")
+    v = yaml.safe_load(text)
+    assert v["serviceAccount"]["gcpServiceAccount"] == "gemma3-ray@acme-ml-1.iam.gserviceaccount.com"
+    assert v["storage"]["bucket"] == "acme-ml-1-gemma3-ray"
+    assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"], v["workers"]["replicas"]) == (
+        "nvidia-h200-141gb", 8, 2)
+    assert "gcloud configuration 'ml'" in text and "# Workload Identity" in text
+
+    docs = assert_chart_accepts(text, tmp_path)
+    sa = _find(docs, "ServiceAccount")
+    assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == v["serviceAccount"]["gcpServiceAccount"]
+    assert sa["metadata"]["name"] == "gemma3-ray"
+    entry = _find(docs, "RayJob")["spec"]["entrypoint"]
+    assert "--num_workers=16" in entry and "--storage_path=gs://acme-ml-1-gemma3-ray/gemma3-ray/gemma3-ray" in entry
+    assert "nvidia-h200-141gb" in json.dumps(_find(docs, "RayJob"))
+
+
+@pytest.mark.parametrize("machine", ["a4-highgpu-8g", "a3-megagpu-8g", "a3-highgpu-8g", "g2-standard-24",
+                                     "g2-standard-8"])
+def test_every_machine_shape_renders(machine: str, gcloud_home: GcloudHome, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    text = values(capsys, "--machine-type", machine, "--reservation", "projects/acme-ml-1/reservations/h-res")
+    shape = machine_shapes.shape_for_machine_type(machine)
+    docs = assert_chart_accepts(text, tmp_path)
+    rendered = json.dumps(_find(docs, "RayJob"))
+    assert f'"nvidia.com/gpu": {shape.gpus_per_node}' in rendered
+    assert shape.accelerator in rendered and "h-res" in rendered
+
+
+def test_kube_context_wins_over_gcloud_and_flags_win_over_both(
+    gcloud_home: GcloudHome, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    kubeconfig = tmp_path / "kubeconfig"
+    ctx = "gke_cluster-proj-7_europe-west4-a_trainers"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": ctx,
+        "clusters": [{"name": ctx, "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": ctx, "user": {"token": "x"}}],
+        "contexts": [{"name": ctx, "context": {"cluster": ctx, "user": ctx}}],
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    v = yaml.safe_load(text := values(capsys))
+    assert v["storage"]["bucket"] == "cluster-proj-7-gemma3-ray"
+    assert "cluster trainers" in text and "region europe-west4" in text
+    v = yaml.safe_load(values(capsys, "--project", "flag-proj-3", "--bucket", "my-bucket", "--region", "us-east4",
+                              "--zone", "us-east4-a"))
+    assert v["storage"]["bucket"] == "my-bucket"
+    assert v["serviceAccount"]["gcpServiceAccount"] == "gemma3-ray@flag-proj-3.iam.gserviceaccount.com"
+
+
+def test_output_is_stable_and_an_existing_file_keeps_its_comments_and_keys(
+    gcloud_home: GcloudHome, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    first = values(capsys, "--machine-type", "a4-highgpu-8g")
+    assert values(capsys, "--machine-type", "a4-highgpu-8g") == first
+
+    mine = tmp_path / "my.yaml"
+    mine.write_text(
+        "# my team's overrides\n"
+        "training:\n"
+        "  model_id: google/gemma-3-12b-pt  # the bigger one\n"
+        "  num_train_epochs: 3\n"
+        "workers:\n"
+        "  # keep two nodes\n"
+        "  replicas: 5\n"
+        "  shmSize: 32Gi\n"
+    )
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "g2-standard-24", "--replicas", "2"]) == 0
+    updated = mine.read_text()
+    for kept in ("# my team's overrides", "model_id: google/gemma-3-12b-pt  # the bigger one",
+                 "# keep two nodes", "shmSize: 32Gi", "num_train_epochs: 3"):
+        assert kept in updated
+    assert updated.index("training:") < updated.index("workers:") < updated.index("serviceAccount:")
+    v = yaml.safe_load(updated)
+    assert (v["workers"]["replicas"], v["workers"]["accelerator"]) == (2, "nvidia-l4")
+    again = mine.read_bytes()
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "g2-standard-24", "--replicas", "2"]) == 0
+    assert mine.read_bytes() == again
+    assert_chart_accepts(updated, tmp_path)
+
+
+class FakeReservations:
+    """compute_v1.ReservationsClient.get over real Reservation messages."""
+
+    def __init__(self, reservations: dict[tuple[str, str, str], compute_v1.Reservation]) -> None:
+        self.reservations = reservations
+        self.calls: list[tuple[str, str, str]] = []
+
+    def get(self, *, project: str, zone: str, reservation: str) -> compute_v1.Reservation:
+        from google.api_core import exceptions as gexc
+
+        self.calls.append((project, zone, reservation))
+        try:
+            return self.reservations[(project, zone, reservation)]
+        except KeyError:
+            raise gexc.NotFound(f"The resource 'projects/{project}/zones/{zone}/reservations/{reservation}' was not found") from None
+
+
+def _reservation(machine_type: str = "", accel: tuple[str, int] | None = None) -> compute_v1.Reservation:
+    props = compute_v1.AllocationSpecificSKUAllocationReservedInstanceProperties(machine_type=machine_type)
+    if accel:
+        props.guest_accelerators = [compute_v1.AcceleratorConfig(accelerator_type=accel[0], accelerator_count=accel[1])]
+    return compute_v1.Reservation(specific_reservation=compute_v1.AllocationSpecificSKUReservation(
+        count=4, instance_properties=props))
+
+
+def test_reservation_is_read_through_the_compute_api(gcloud_home: GcloudHome, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    fake = FakeReservations({
+        ("acme-ml-1", "us-central1-c", "b200-res"): _reservation("a4-highgpu-8g"),
+        ("shared-proj-1", "us-central1-c", "l4-res"): _reservation("", ("nvidia-l4", 4)),
+    })
+    clients = Clients(project="acme-ml-1", reservations=fake)
+    v = yaml.safe_load(values(capsys, "--reservation", "b200-res", clients=clients))
+    assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"]) == ("nvidia-b200", 8)
+    assert v["capacity"] == {"type": "reservation", "reservation": "b200-res"}
+    text = values(capsys, "--reservation", "projects/shared-proj-1/reservations/l4-res", clients=clients)
+    v = yaml.safe_load(text)
+    assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"]) == ("nvidia-l4", 4)
+    assert fake.calls[-1] == ("shared-proj-1", "us-central1-c", "l4-res")
+    assert_chart_accepts(text, tmp_path)
+
+    assert cli.main(["values", "--reservation", "missing-res"], clients) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("machine", "accel", "gpus"), [
+    ("a4-highgpu-8g", "nvidia-b200", 8), ("a3-ultragpu-8g", "nvidia-h200-141gb", 8),
+    ("a3-megagpu-8g", "nvidia-h100-mega-80gb", 8), ("a3-highgpu-8g", "nvidia-h100-80gb", 8),
+    ("a3-highgpu-2g", "nvidia-h100-80gb", 2), ("g2-standard-4", "nvidia-l4", 1), ("g2-standard-48", "nvidia-l4", 4),
+    ("g2-standard-96", "nvidia-l4", 8), ("a2-ultragpu-4g", "nvidia-a100-80gb", 4),
+])
+def test_machine_shapes(machine: str, accel: str, gpus: int) -> None:
+    shape = machine_shapes.shape_for_machine_type(machine)
+    assert (shape.accelerator, shape.gpus_per_node) == (accel, gpus)
+    cpu, memory = machine_shapes.node_resources(shape) or (0, "")
+    vcpus, _ = machine_shapes.node_size(machine) or (0, 0)
+    assert 0 < cpu < vcpus and memory.endswith("Gi")
+
+
+@pytest.mark.parametrize("machine", ["g2-standard-5", "n2-standard-8", "a3-highgpu-3g"])
+def test_unknown_machine_types_are_refused(machine: str) -> None:
+    with pytest.raises(InvalidName, match="--accelerator and --gpus-per-node"):
+        machine_shapes.shape_for_machine_type(machine)
+
+
+def test_gke_context_names() -> None:
+    c = parse_gke_context("gke_my-proj-1_us-central1-a_gpu-cluster")
+    assert c is not None and (c.project, c.location, c.name, c.region) == ("my-proj-1", "us-central1-a", "gpu-cluster", "us-central1")
+    assert parse_gke_context("gke_my-proj-1_europe-west4_c1").region == "europe-west4"  # type: ignore[union-attr]
+    for other in ("kind-kind", "gke_a_b", "gke_my-proj-1_nowhere_c1", "arn:aws:eks:x", "gke_My_us-central1_c"):
+        assert parse_gke_context(other) is None
+
+
+def test_missing_project_and_region_are_explained(gcloud_home: GcloudHome, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["values"]) == MissingSetting.exit_code
+    assert "gcloud config set project" in capsys.readouterr().err
+    gcloud_home.write("default", {"core": {"project": "acme-ml-1"}}, activate=True)
+    assert cli.main(["values"]) == MissingSetting.exit_code
+    assert "gcloud config set compute/region" in capsys.readouterr().err
+    assert issubclass(MissingSetting, UserError)

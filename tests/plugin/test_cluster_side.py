@@ -1,0 +1,129 @@
+"""The cluster side: the HF token Secret, doctor's checks (with the real KubeRay CRD manifests), and
+status's newest checkpoint (on fake-gcs-server)."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+from gemma3_ray import cli, doctor, kuberay_crd
+from gemma3_ray.deployment import Overrides, resolve
+from gemma3_ray.gcp_clients import Clients
+from kubernetes import client
+
+from tests.plugin.conftest import PROJECT, REGION, storage_client
+from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
+from tests.plugin.kube_fakes import FakeApiExtensions, FakeCore, crd_manifest
+
+TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123456789"  # noqa: S105 - a made-up test token
+BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context", "-n", "ml"]
+
+
+def test_hf_secret_comes_from_the_environment_and_is_never_printed(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    core = FakeCore()
+    clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam,
+                      service_usage=fake_usage, core_v1=core)
+    monkeypatch.delenv("MY_HF", raising=False)
+    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 2
+    assert "MY_HF is empty or unset" in capsys.readouterr().err
+
+    monkeypatch.setenv("MY_HF", TOKEN)
+    assert cli.main(["prereqs", "--dry-run", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    out = capsys.readouterr()
+    assert "create Secret ml/hf-secret with the Hugging Face token under key hf_api_token (value not shown)" in out.out
+    assert core.writes == []
+
+    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    out = capsys.readouterr()
+    secret = core.secrets[("ml", "hf-secret")]
+    assert base64.b64decode(secret.data["hf_api_token"]).decode() == TOKEN
+    assert secret.metadata.labels == {"app.kubernetes.io/managed-by": "gemma3-ray"}
+
+    monkeypatch.setenv("MY_HF", TOKEN + "-rotated")
+    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    out2 = capsys.readouterr()
+    assert "update Secret ml/hf-secret" in out2.out
+    assert core.writes == ["create", "create", "replace"]  # create met 409, then replaced
+    for captured in (out, out2):
+        assert TOKEN not in captured.out + captured.err
+
+    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    assert "Nothing to do" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("version", "knows_deadline"), [("v1.7.0", True), ("v1.4.2", False)])
+def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) -> None:
+    report = kuberay_crd.rayjob_spec_fields(crd_manifest(version, "rayjobs"))
+    assert report.missing_required == []
+    assert report.supports("preRunningDeadlineSeconds") is knows_deadline
+    assert report.supports("deletionStrategy") is knows_deadline
+    checks = doctor.check_crds(doctor.Kube(api_ext=FakeApiExtensions.kuberay(version)),
+                               {"rayJob": {"preRunningDeadlineSeconds": 600}})
+    by_name = {c.name: c for c in checks}
+    assert by_name["rayclusters.ray.io"].ok
+    assert by_name["rayjobs.ray.io"].ok is knows_deadline
+    if not knows_deadline:
+        assert "rayJob.preRunningDeadlineSeconds (needs KubeRay >= 1.5" in by_name["rayjobs.ray.io"].detail
+
+
+def test_doctor_explains_each_failure_and_passes_once_fixed(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
+) -> None:
+    dep = resolve(Overrides(project=PROJECT, region=REGION, namespace="ml", cluster="trainers"), None, None)
+    clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam,
+                      service_usage=fake_usage, _credentials=object())
+    core = FakeCore()
+    kube = doctor.Kube(core=core, api_ext=FakeApiExtensions(), context=f"gke_{PROJECT}_{REGION}_trainers")
+    failing = {c.name: c for c in doctor.run_checks(dep, clients, kube) if not c.ok}
+    assert "install the KubeRay operator" in failing["rayjobs.ray.io"].detail
+    assert "--hf-token-from-env" in failing["Hugging Face Secret"].detail
+    assert "run `gemma3-ray prereqs`" in failing["bucket"].detail
+    assert "run `gemma3-ray prereqs`" in failing["Workload Identity binding"].detail
+    assert "the chart creates it" in failing["KSA annotation"].detail
+
+    from gemma3_ray import commands
+
+    core.secrets[("ml", "hf-secret")] = client.V1Secret(data={"hf_api_token": "eA=="})
+    core.service_accounts[("ml", "gemma3-ray")] = client.V1ServiceAccount(metadata=client.V1ObjectMeta(
+        annotations={doctor.WI_ANNOTATION: dep.gsa_email}))
+    assert commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+    kube.api_ext = FakeApiExtensions.kuberay("v1.7.0")
+    results = doctor.run_checks(dep, clients, kube)
+    assert [c.line() for c in results if not c.ok] == []
+
+    wrong = doctor.Kube(core=core, api_ext=kube.api_ext, context="gke_other-proj-1_us-east1_elsewhere")
+    ctx = next(c for c in doctor.run_checks(dep, clients, wrong) if c.name == "kube context")
+    assert not ctx.ok and "switch context" in ctx.detail
+
+
+def test_newest_checkpoint_on_fake_gcs(fake_gcs_factory) -> None:
+    from gemma3_ray import cluster
+
+    url = fake_gcs_factory(REGION)
+    storage = storage_client(url)
+    bucket = storage.create_bucket("ckpt-bucket")
+    prefix = "gemma3-ray/run1"
+    assert cluster.newest_checkpoint(storage, "ckpt-bucket", prefix) is None
+    bucket.blob(f"{prefix}/metrics.jsonl").upload_from_string("{}\n")
+    for step in (1, 2):
+        bucket.blob(f"{prefix}/checkpoints/TorchTrainer_x/checkpoint_00000{step}/model.pt").upload_from_string("w")
+        time.sleep(0.01)  # distinct write times (the server stamps them)
+    bucket.blob("gemma3-ray/run2/checkpoints/checkpoint_000009/model.pt").upload_from_string("other run")
+    newest = cluster.newest_checkpoint(storage, "ckpt-bucket", prefix)
+    assert newest is not None
+    assert newest.path == f"gs://ckpt-bucket/{prefix}/checkpoints/TorchTrainer_x/checkpoint_000002"
+
+
+def test_rayjob_state_reads_kuberay_status() -> None:
+    from gemma3_ray import cluster
+
+    state = cluster.rayjob_state({"metadata": {"name": "t-gemma3-ray"}, "status": {
+        "jobStatus": "RUNNING", "jobDeploymentStatus": "Running", "rayClusterName": "t-gemma3-ray-abcde",
+        "jobId": "t-gemma3-ray-xyz"}})
+    assert (state.job_status, state.deployment_status, state.ray_cluster) == ("RUNNING", "Running", "t-gemma3-ray-abcde")
+    fresh = cluster.rayjob_state({"metadata": {"name": "t"}})
+    assert (fresh.job_status, fresh.deployment_status) == ("PENDING", "New")

@@ -54,7 +54,8 @@ def _strict(node: Any) -> Any:
 
 @cache
 def strict_schema(version: str, kind: str) -> dict[str, Any]:
-    crd = yaml.safe_load((crds_dir() / version / CRD_FILES[kind]).read_text())
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load((crds_dir() / version / CRD_FILES[kind]).read_text(), Loader=loader)
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = _strict(copy.deepcopy(v1["schema"]["openAPIV3Schema"]))
     # Top-level metadata is validated by the API server's ObjectMeta rules, not the CRD:
@@ -74,9 +75,14 @@ def strict_schema(version: str, kind: str) -> dict[str, Any]:
     return schema
 
 
+@cache
+def _validator(version: str, kind: str) -> jsonschema.Draft4Validator:
+    return jsonschema.Draft4Validator(strict_schema(version, kind))
+
+
 def crd_errors(doc: dict[str, Any], version: str) -> list[str]:
     """All strict-validation errors of one RayCluster/RayJob against one KubeRay version."""
-    validator = jsonschema.Draft4Validator(strict_schema(version, doc["kind"]))
+    validator = _validator(version, doc["kind"])
     return [
         f"{doc['kind']}/{doc['metadata'].get('name')} {'/'.join(map(str, e.absolute_path))}: {e.message}"
         for e in validator.iter_errors(doc)

@@ -101,7 +101,7 @@ def _load_values(path: str) -> dict[str, Any]:
 
     from gemma3_ray import render
 
-    return dict(render.load(Path(path)))
+    return render.load_plain(Path(path))
 
 
 def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
@@ -121,7 +121,7 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     path = Path(args.values_file or f"{dep.release}-values.yaml")
     path.write_text(render.render(dep, render.load(path)), encoding="utf-8")
     _out(f"Values: {path}")
-    values = [dict(render.load(path))] + [_load_values(f) for f in args.extra_values or []]
+    values = [render.load_plain(path)] + [_load_values(f) for f in args.extra_values or []]
     helm = release.client(args.kubeconfig, args.kube_context)
     rev = release.upgrade_install(helm, dep.release, chart, values, dep.namespace)
     _out(f"Release {dep.release}: revision {getattr(rev, 'revision', '?')} in namespace {dep.namespace}.")

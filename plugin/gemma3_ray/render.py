@@ -123,6 +123,19 @@ def load(path: Path) -> CommentedMap:
     return doc
 
 
+def load_plain(path: Path) -> dict[str, Any]:
+    """A values file as plain dicts and lists (what helm, pyhelm3 and the schema checks take)."""
+    try:
+        doc = YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"No values file {path}: check the path.") from exc
+    except Exception as exc:
+        raise ConfigError(f"Cannot parse {path} as YAML: {exc}; fix it.") from exc
+    if not isinstance(doc, dict | type(None)):
+        raise ConfigError(f"{path} is not a YAML mapping; fix it.")
+    return doc or {}
+
+
 def render(dep: Deployment, existing: CommentedMap | None = None, extra: Iterable[Value] = ()) -> str:
     """The values YAML: a fresh document, or ``existing`` updated in place (its other content kept)."""
     fresh = existing is None or len(existing) == 0

@@ -34,16 +34,22 @@ def test_ray_objects_validate_strictly_against_the_crds(renders: dict[str, Rende
     assert checked >= len(renders)
 
 
+NEWER_FIELDS = ("preRunningDeadlineSeconds", "authOptions")
+
+
 def test_newer_fields_are_real_and_absent_from_kuberay_1_4(renders: dict[str, Render]) -> None:
-    """The opt-in field exists in v1.7.0 and is unknown to v1.4.2 (so it must stay off by default)."""
+    """The opt-in fields exist in v1.7.0 and are unknown to v1.4.2 (so they stay off by default)."""
     job = renders["cpu-newer-kuberay-values.yaml"].one("RayJob")
     assert job["spec"]["preRunningDeadlineSeconds"] == 1800
+    assert job["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
     assert not crd_errors(job, "v1.7.0")
     errors = crd_errors(job, "v1.4.2")
-    assert errors and all("preRunningDeadlineSeconds" in e for e in errors), errors
+    assert {f for f in NEWER_FIELDS if any(f in e for e in errors)} == set(NEWER_FIELDS), errors
+    assert all(any(f in e for f in NEWER_FIELDS) for e in errors), errors
     for name, r in renders.items():
         if name not in NEEDS_KUBERAY_1_5:
-            assert "preRunningDeadlineSeconds" not in r.one("RayJob")["spec"], name
+            text = r.stdout
+            assert not any(f in text for f in NEWER_FIELDS), name
 
 
 def test_the_strict_validator_catches_unknown_fields_and_nulls(renders: dict[str, Render]) -> None:

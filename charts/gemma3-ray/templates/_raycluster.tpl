@@ -131,6 +131,10 @@ spec:
 {{- $v := .Values -}}
 {{- $w := $v.workers -}}
 rayVersion: {{ include "gemma3-ray.rayVersion" . | quote }}
+{{- if $v.rayTokenAuth }}
+authOptions:
+  mode: token
+{{- end }}
 {{- if $w.autoscaling.enabled }}
 enableInTreeAutoscaling: true
 autoscalerOptions:

@@ -83,11 +83,11 @@ def check_crds(kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
             if report.missing_required:
                 out.append(Check(name, False, f"too old, lacks {', '.join(report.missing_required)}: upgrade KubeRay"))
                 continue
-            known = [f for f in kuberay_crd.OPTIONAL_FIELDS if report.supports(f)]
-            unknown = [f for f in kuberay_crd.OPTIONAL_FIELDS if not report.supports(f)]
-            detail = f"v1 served; optional fields known: {', '.join(known) or 'none'}"
+            known = [f"{f.path} ({f.values_key})" for f in kuberay_crd.OPTIONAL_FIELDS if report.supports(f.path)]
+            unknown = [f"{f.path} ({f.values_key})" for f in kuberay_crd.OPTIONAL_FIELDS if not report.supports(f.path)]
+            detail = f"v1 served; newer fields known: {', '.join(known) or 'none'}"
             if unknown:
-                detail += f"; not known (leave unset): {', '.join(unknown)}"
+                detail += f"; not known, leave their values unset: {', '.join(unknown)}"
             bad = kuberay_crd.unsupported_values(report, values or {})
             if bad:
                 out.append(Check(name, False, "your values use fields this KubeRay lacks: " + "; ".join(bad)))

@@ -60,14 +60,19 @@ def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) 
     report = kuberay_crd.rayjob_spec_fields(crd_manifest(version, "rayjobs"))
     assert report.missing_required == []
     assert report.supports("preRunningDeadlineSeconds") is knows_deadline
-    assert report.supports("deletionStrategy") is knows_deadline
-    checks = doctor.check_crds(doctor.Kube(api_ext=FakeApiExtensions.kuberay(version)),
-                               {"rayJob": {"preRunningDeadlineSeconds": 600}})
-    by_name = {c.name: c for c in checks}
-    assert by_name["rayclusters.ray.io"].ok
+    assert report.supports("rayClusterSpec.authOptions") is knows_deadline
+    assert report.supports("rayClusterSpec.workerGroupSpecs")
+    kube = doctor.Kube(api_ext=FakeApiExtensions.kuberay(version))
+    plain = {c.name: c for c in doctor.check_crds(kube, {"rayJob": {"preRunningDeadlineSeconds": None}})}
+    assert plain["rayclusters.ray.io"].ok and plain["rayjobs.ray.io"].ok
+    assert ("not known" in plain["rayjobs.ray.io"].detail) is not knows_deadline
+    newer = {"rayJob": {"preRunningDeadlineSeconds": 600}, "rayTokenAuth": True}
+    by_name = {c.name: c for c in doctor.check_crds(kube, newer)}
     assert by_name["rayjobs.ray.io"].ok is knows_deadline
     if not knows_deadline:
-        assert "rayJob.preRunningDeadlineSeconds (needs KubeRay >= 1.5" in by_name["rayjobs.ray.io"].detail
+        detail = by_name["rayjobs.ray.io"].detail
+        assert "rayJob.preRunningDeadlineSeconds (needs KubeRay 1.5+; set it to null)" in detail
+        assert "rayTokenAuth (needs KubeRay 1.5.1+; set it to false)" in detail
 
 
 def test_doctor_explains_each_failure_and_passes_once_fixed(

@@ -86,7 +86,14 @@ ROLE_FOR_PERMISSION: dict[str, str] = {
     "container.clusters.get": "roles/container.clusterViewer",
 }
 
-_PERMISSION_RE = re.compile(r"\b((?:storage|iam|serviceusage|compute|container|resourcemanager)\.[A-Za-z]+\.[A-Za-z]+)\b")
+# "Permission 'x.y.z' denied" (IAM, GCS) and "does not have x.y.z access" (GCS); the generic pattern
+# skips e-mail domains such as iam.gserviceaccount.com that appear earlier in the same message.
+_PERMISSION_RES = (
+    re.compile(r"Permission '([a-z]+\.[A-Za-z]+\.[A-Za-z]+)'"),
+    re.compile(r"does not have ([a-z]+\.[A-Za-z]+\.[A-Za-z]+) access"),
+    re.compile(r"(?<![@\w.])((?:storage|iam|serviceusage|compute|container|resourcemanager)\.(?!gserviceaccount\b)"
+               r"[A-Za-z]+\.[A-Za-z]+)\b"),
+)
 _DISABLED_RE = re.compile(r"([a-z0-9-]+\.googleapis\.com)")
 
 
@@ -124,7 +131,8 @@ def translate(exc: Exception, action: str, resource: str) -> UserError:
         if reason in {"SERVICE_DISABLED", "accessNotConfigured"} or "has not been used in project" in text:
             service = metadata.get("service") or next(iter(_DISABLED_RE.findall(text)), "the required API")
             return api_disabled(service, metadata.get("consumer", "").removeprefix("projects/"))
-        permission = metadata.get("permission") or next(iter(_PERMISSION_RE.findall(text)), "")
+        permission = metadata.get("permission") or next(
+            (m.group(1) for r in _PERMISSION_RES if (m := r.search(text))), "")
         if permission:
             return permission_denied(permission, resource)
         return PermissionDenied(f"Permission denied while trying to {action} {resource}: {exc.message}.")

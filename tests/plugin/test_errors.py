@@ -1,0 +1,38 @@
+"""The translation of Google API errors into one actionable sentence."""
+
+from __future__ import annotations
+
+import pytest
+from gemma3_ray.errors import ApiDisabled, NotFound, PermissionDenied, translate
+from google.api_core import exceptions as gexc
+
+
+@pytest.mark.parametrize(("exc", "permission", "role"), [
+    (gexc.Forbidden("POST https://storage.googleapis.com/storage/v1/b?project=p: ml@p.iam.gserviceaccount.com does "
+                    "not have storage.buckets.create access to the Google Cloud project. Permission "
+                    "'storage.buckets.create' denied on resource (or it may not exist)."),
+     "storage.buckets.create", "roles/storage.admin"),
+    (gexc.Forbidden("GET https://storage.googleapis.com/storage/v1/b/x/iam: ml@p.iam.gserviceaccount.com does not "
+                    "have storage.buckets.getIamPolicy access to the Google Cloud Storage bucket."),
+     "storage.buckets.getIamPolicy", "roles/storage.admin"),
+    (gexc.PermissionDenied("Permission 'iam.serviceAccounts.setIamPolicy' denied on resource (or it may not exist)."),
+     "iam.serviceAccounts.setIamPolicy", "roles/iam.serviceAccountAdmin"),
+])
+def test_permission_denied_names_permission_and_role(exc: Exception, permission: str, role: str) -> None:
+    err = translate(exc, "change", "gs://x")
+    assert isinstance(err, PermissionDenied)
+    assert f"'{permission}'" in str(err) and role in str(err)
+
+
+def test_disabled_api_from_a_storage_style_message() -> None:
+    exc = gexc.Forbidden("Cloud Storage JSON API has not been used in project 123 before or it is disabled. Enable it "
+                         "by visiting https://console.developers.google.com/apis/api/storage-api.googleapis.com/overview"
+                         "?project=123 then retry.")
+    err = translate(exc, "read", "gs://x")
+    assert isinstance(err, ApiDisabled) and "storage-api.googleapis.com" in str(err)
+
+
+def test_not_found_and_other_errors_are_one_sentence() -> None:
+    assert isinstance(translate(gexc.NotFound("no"), "read", "gs://x"), NotFound)
+    other = translate(gexc.InternalServerError("boom"), "read", "gs://x")
+    assert str(other) == "Could not read gs://x: 500 boom."

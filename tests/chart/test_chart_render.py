@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,10 @@ from helm_render import (
     Render,
     helm_template,
     pod_templates,
+    values_files,
 )
+
+PARALLEL_HELM = 4
 
 CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
 TUTORIAL = VALUES_DIR / "tutorial.yaml"
@@ -94,12 +98,20 @@ def test_no_bare_keys_anywhere(renders: dict[str, Render]) -> None:
             assert not _walk_nulls(doc, doc["kind"]), (name, _walk_nulls(doc, doc["kind"]))
 
 
-def test_helm3_and_helm4_render_identically(renders: dict[str, Render], render: Callable[..., Render]) -> None:
-    for name in ("tutorial.yaml", "token-extras-values.yaml", "spot-autoscaling-values.yaml"):
-        path = VALUES_DIR / name if (VALUES_DIR / name).exists() else CI_VALUES_DIR / name
-        h3 = render(path, helm="HELM3")
-        assert h3.returncode == 0, h3.stderr
-        assert h3.docs == renders[name].docs, name
+def test_helm3_and_helm4_render_identically(renders: dict[str, Render]) -> None:
+    files = values_files()
+    with ThreadPoolExecutor(PARALLEL_HELM) as pool:
+        helm3 = list(pool.map(lambda f: helm_template([f], helm="HELM3"), files))
+    for f, h3 in zip(files, helm3, strict=True):
+        assert h3.returncode == 0, (f.name, h3.stderr)
+        assert h3.docs == renders[f.name].docs, f.name
+
+
+@pytest.mark.parametrize(("kube", "ok"), [("1.29.0", False), ("1.30.0", True), ("1.35.0", True)])
+def test_kube_version_constraint(kube: str, ok: bool) -> None:
+    for helm in ("HELM", "HELM3"):
+        r = helm_template([CI_DEFAULT], helm=helm, extra_args=("--kube-version", kube))
+        assert (r.returncode == 0) == ok, (helm, kube, r.stderr)
 
 
 # ---------------------------------------------------------------- versions: one source of truth

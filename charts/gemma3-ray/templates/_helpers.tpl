@@ -277,6 +277,7 @@ runAsNonRoot: true
 runAsUser: 1000
 runAsGroup: 100
 fsGroup: 100
+fsGroupChangePolicy: OnRootMismatch
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}

@@ -38,8 +38,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="kube context (default: the current one)")
     g.add_argument("--no-kube-context", action="store_true", help="ignore the kube context")
     n = p.add_argument_group("names")
-    n.add_argument("-n", "--namespace", default=os.environ.get("HELM_NAMESPACE") or None,
-                   help="Kubernetes namespace (default: default)")
+    n.add_argument("-n", "--namespace", help="Kubernetes namespace (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
     n.add_argument("--release", help="Helm release name (default: gemma3-ray)")
     n.add_argument("--bucket", help="bucket name (default: PROJECT-gemma3-ray)")
     n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/RELEASE)")
@@ -84,7 +83,11 @@ def deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deplo
     gke = kube_context.parse_gke_context(context) if context else None
     if args.machine_type:
         machine_shapes.shape_for_machine_type(args.machine_type)  # validate before anything else
-    dep = resolve(overrides(args), gcloud, gke, kube_context=context)
+    flags = overrides(args)
+    given = flags.given()
+    if flags.namespace is None and os.environ.get("HELM_NAMESPACE"):  # `helm -n NS gemma3-ray ...`
+        flags.namespace = os.environ["HELM_NAMESPACE"]
+    dep = resolve(flags, gcloud, gke, kube_context=context, given=given)
     if clients is None:
         clients = Clients(project=dep.project)
     shape = _shape(args, dep, clients)

@@ -101,6 +101,7 @@ def resolve(
     gke: GkeCluster | None,
     shape: Shape | None = None,
     kube_context: str | None = None,
+    given: tuple[str, ...] | None = None,
 ) -> Deployment:
     project = flags.project or (gke.project if gke else None) or (gcloud.project if gcloud else None)
     if not project:
@@ -154,6 +155,6 @@ def resolve(
         sources=Sources(
             gcloud_configuration=gcloud.configuration if gcloud else None,
             kube_context=kube_context if gke else None,
-            flags=flags.given(),
+            flags=flags.given() if given is None else given,
         ),
     )

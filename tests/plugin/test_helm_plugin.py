@@ -56,7 +56,7 @@ def test_plugin_installs_and_runs_through_helm(major: str, tmp_path: Path, gclou
     v = yaml.safe_load(out.stdout)
     assert v["serviceAccount"]["gcpServiceAccount"] == "gemma3-ray@acme-ml-1.iam.gserviceaccount.com"
     assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"]) == ("nvidia-b200", 8)
-    assert "namespace team-ml" in out.stdout
+    assert "namespace team-ml" in out.stdout and "--namespace" not in out.stdout
 
     bad = run(helm, env, "gemma3-ray", "values", "--bucket", "Not A Bucket")
     assert bad.returncode == 2 and "Invalid bucket name" in bad.stderr

@@ -17,9 +17,9 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-MAX_ATTEMPTS = 10
+MAX_ATTEMPTS = 12
 BACKOFF_BASE_S = 0.05
-BACKOFF_MAX_S = 2.0
+BACKOFF_MAX_S = 8.0  # a new service account can take tens of seconds to reach IAM
 # A Google service account created a moment ago may not be visible to IAM yet: setIamPolicy then
 # answers 400 "... does not exist". It appears within seconds (eventual consistency).
 _NEW_MEMBER_HINTS = ("does not exist", "not found")

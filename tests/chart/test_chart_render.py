@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -196,7 +197,7 @@ def test_flags_json_and_shell_quoting_round_trip(renders: dict[str, Render]) -> 
     f = flags(renders["token-extras-values.yaml"])
     assert json.loads(f["column_mapping"]) == {"image": "img", "answer": "description", "product": "Product Name"}
     assert f["system_message"] == "You are an expert product copywriter. Don't invent facts."
-    assert f["prompt_template"] == "Describe {product} in one paragraph & be concise; $HOME stays literal"
+    assert f["prompt_template"] == 'Describe {product} in one paragraph & be concise (no "hype"; no *stars*)'
     assert f["max_steps"] == "1000000", "large integers must not become 1e+06"
     assert f["freeze_vision"] == "true"
     assert f["num_workers"] == "3"  # 3 replicas x 1 GPU
@@ -228,3 +229,24 @@ def test_num_workers_is_derived(render: Callable[..., Render], sets: dict[str, o
 def test_storage_prefix_defaults_to_the_release(renders: dict[str, Render]) -> None:
     assert flags(renders["default-values.yaml"])["storage_path"] == f"gs://gemma3-ray-ci/gemma3-ray/{RELEASE}"
     assert flags(renders["spot-autoscaling-values.yaml"])["storage_path"] == "gs://gemma3-ray-ci/runs/autoscaling"
+
+
+def sh_words(command: str) -> list[str]:
+    """The argv a real /bin/sh makes of `command` (the first word replaced by printf)."""
+    out = subprocess.run(["/bin/sh", "-c", f"printf '%s\\0' {command}"], capture_output=True, text=True,
+                         check=True, env={"HOME": "/home/ray", "PATH": "/usr/bin:/bin"}, cwd="/").stdout
+    return out.split("\0")[:-1]
+
+
+@pytest.mark.parametrize("name", ["token-extras-values.yaml", "tutorial.yaml", "local.yaml"])
+def test_entrypoint_survives_both_shells_of_a_ray_job(renders: dict[str, Render], name: str) -> None:
+    """KubeRay's submitter runs `ray job submit -- <entrypoint>` in bash; `ray job submit` re-joins
+    the words with subprocess.list2cmdline and the job supervisor runs that with /bin/sh."""
+    entrypoint = renders[name].one("RayJob")["spec"]["entrypoint"]
+    prefix = f"python {MOUNT}/vision_train.py "
+    assert entrypoint.startswith(prefix)
+    expected = entrypoint_argv(renders[name])[2:]
+    first = sh_words(entrypoint[len(prefix):])
+    assert first == expected
+    second = sh_words(subprocess.list2cmdline(first))
+    assert second == expected

@@ -180,6 +180,20 @@ replace this path with their own copy of the files.
 {{- end -}}
 {{- end -}}
 
+{{/*
+The entrypoint passes through two shells: the submitter's (which this chart's quoting handles)
+and, after `ray job submit` re-joins the words with Python's list2cmdline, the job
+supervisor's /bin/sh. Text that the second shell would expand or split is rejected here.
+*/}}
+{{- define "gemma3-ray.checkFlagText" -}}
+{{- if regexMatch "[$`\\\\]" .text -}}
+{{- fail (printf "training.%s: the value contains $, ` or \\, which the Ray job's shell would expand (KubeRay runs the entrypoint through a shell twice); remove them" .key) -}}
+{{- end -}}
+{{- if and (not (regexMatch "[ \t]" .text)) (regexMatch "['&;|<>()*?\n]" .text) -}}
+{{- fail (printf "training.%s: %q has shell characters ('&;|<>()*? or a newline) and no space, so the Ray job's shell would interpret it; rephrase the value" .key .text) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* One flag value as text: strings verbatim, booleans true/false, numbers/maps/lists as JSON. */}}
 {{- define "gemma3-ray.flagValue" -}}
 {{- if kindIs "string" . -}}
@@ -202,7 +216,9 @@ sorted order, each as one shell-quoted --key=value word.
 {{- $args = append $args (printf "--storage_path=%s" (include "gemma3-ray.shellQuote" (include "gemma3-ray.storagePath" .))) -}}
 {{- range $k, $v := .Values.training -}}
 {{- if not (kindIs "invalid" $v) -}}
-{{- $args = append $args (printf "--%s=%s" $k (include "gemma3-ray.shellQuote" (include "gemma3-ray.flagValue" $v))) -}}
+{{- $text := include "gemma3-ray.flagValue" $v -}}
+{{- include "gemma3-ray.checkFlagText" (dict "key" $k "text" $text) -}}
+{{- $args = append $args (printf "--%s=%s" $k (include "gemma3-ray.shellQuote" $text)) -}}
 {{- end -}}
 {{- end -}}
 {{- join " " $args -}}

@@ -50,12 +50,14 @@ def yaml_files_to_lint() -> list[Path]:
         *sorted((Path(__file__).parent / "bad-values").glob("*.yaml")),
         ROOT / "ct.yaml",
         ROOT / "lintconf.yaml",
+        ROOT / ".yamllint.yaml",
     ]
 
 
 @pytest.mark.parametrize("path", yaml_files_to_lint(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_yamllint_with_chart_testing_rules(path: Path) -> None:
-    conf = YamlLintConfig(file=str(ROOT / "lintconf.yaml"))
+    conf = YamlLintConfig(file=str(ROOT / ".yamllint.yaml"))
+    assert not conf.is_file_ignored(str(path.relative_to(ROOT)))
     problems = [p for p in linter.run(path.read_text(), conf, str(path)) if p.level == "error"]
     assert not problems, [f"{path.name}:{p.line}:{p.column} {p.message}" for p in problems]
 

@@ -29,7 +29,6 @@ import io
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import string
@@ -1000,7 +999,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             print(f"[data] {json.dumps(stats)}", flush=True)
             trainer.model.print_trainable_parameters()
         result = trainer.train(resume_from_checkpoint=resume_dir)
-    evaluated_last = any(r.get("kind") == "eval" and r["step"] == trainer.state.global_step for r in reporter.records)
+    # The same decision on every rank (evaluation is collective): from the trainer state, not rank 0's records.
+    evaluated_last = any(
+        "eval_loss" in h and h.get("step") == trainer.state.global_step for h in trainer.state.log_history
+    )
     final_eval = trainer.evaluate() if trainer.eval_dataset is not None and not evaluated_last else {}
 
     summary: dict[str, Any] = {}

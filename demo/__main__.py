@@ -1,0 +1,255 @@
+"""`make demo`: the chart's own RayJob, end to end, on a local Ray cluster.
+
+1. ``helm template`` renders charts/gemma3-ray with values/local.yaml (the tiny model and sample
+   data paths, and optionally ``--max_steps``, are passed as ``--set`` overrides).
+2. The trainer files come from the rendered trainer ConfigMap, the entry point and runtime env from
+   the rendered RayJob. Only the ConfigMap's mount path in the entry point changes (to the job's
+   working directory, which holds exactly the ConfigMap's files). The runtime env's pip pins are
+   checked against this Python and left out of the submission (no installs on a local cluster).
+3. A local Ray head on 127.0.0.1 (or the cluster in ``RAY_ADDRESS``) runs the job through the Ray
+   Jobs API; the run's ``gs://`` storage is served by a local fake-gcs-server, on disk.
+4. A summary, a loss-curve PNG and the timings close the run; the Ray head and the storage server
+   the demo started are stopped by process id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from demo.chart_job import (
+    DemoError,
+    local_runtime_env,
+    localize_entrypoint,
+    parse_chart_job,
+    render_chart,
+    write_files,
+)
+from demo.job_runner import require_success, run_job
+from demo.local_cluster import (
+    describe_other_ray,
+    other_ray_processes,
+    remove_temp_dir,
+    require_memory,
+    start_fake_gcs,
+    start_ray_head,
+)
+from demo.report import load_run, plot_losses, summary_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CHART = ROOT / "charts" / "gemma3-ray"
+DEFAULT_VALUES = ROOT / "values" / "local.yaml"
+DEFAULT_OUTPUT = ROOT / "demo-output"
+# A Ray head (~1 GiB), two CPU training workers with the tiny model (~1.5 GiB each) and headroom.
+DEFAULT_MIN_FREE_GIB = 5.0
+DEFAULT_ROWS = 240
+RESULT_FILE = "demo-result.json"
+USER_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+
+
+def say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
+    p.add_argument("--chart", type=Path, default=DEFAULT_CHART, help="chart directory")
+    p.add_argument("--values", type=Path, default=DEFAULT_VALUES, help="values file (default values/local.yaml)")
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT, help="where runs are kept")
+    p.add_argument("--max_steps", type=int, default=None,
+                   help="override training.max_steps of the values file (rendered by the chart)")
+    p.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows of the sample dataset")
+    p.add_argument("--num-cpus", type=int, default=None,
+                   help="CPUs the local Ray head offers (default: this machine's, at least the worker count)")
+    p.add_argument("--ray-port", type=int, default=None, help="GCS port of the local head (default: a free one)")
+    p.add_argument("--dashboard-port", type=int, default=None, help="dashboard/Jobs API port (default: a free one)")
+    p.add_argument("--min-free-gib", type=float, default=DEFAULT_MIN_FREE_GIB,
+                   help="refuse to start below this much available memory")
+    args = p.parse_args(argv)
+    if args.max_steps is not None and args.max_steps < 1:
+        p.error("--max_steps must be a positive number of optimizer steps")
+    if args.rows < 2:
+        p.error("--rows must be at least 2 (a train and an eval row)")
+    return args
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _user_cluster() -> str | None:
+    for name in USER_CLUSTER_ENV:
+        if os.environ.get(name):
+            return f"{name}={os.environ[name]}"
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started_wall = time.time()
+    make_start = os.environ.get("DEMO_START")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run_dir = (args.output_dir / f"run-{stamp}-{os.getpid()}").resolve()
+    run_dir.mkdir(parents=True)
+    latest = args.output_dir / "latest"
+    if latest.is_symlink() or not latest.exists():
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(run_dir.name)
+    say(f"run directory: {run_dir}")
+
+    user_cluster = _user_cluster()
+    if not user_cluster:
+        require_memory(args.min_free_gib)
+
+    # The tiny model and the sample data (offline; cached after the first run).
+    from demo.sample_data import build_sample_dataset
+    from demo.tiny_model import build_tiny_gemma3
+
+    t = time.monotonic()
+    model_dir = build_tiny_gemma3()
+    data = build_sample_dataset(run_dir / "data", n_rows=args.rows, seed=0)
+    say(f"tiny Gemma 3: {model_dir}; sample data: {data} ({args.rows} rows) [{time.monotonic() - t:.1f} s]")
+
+    # 1. Render the chart.
+    helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
+    overrides = {"training.model_id": str(model_dir), "training.dataset_name": str(data)}
+    numeric = {"training.max_steps": str(args.max_steps)} if args.max_steps is not None else {}
+    rendered = render_chart(helm, args.chart, args.values, overrides, numeric)
+    (run_dir / "rendered.yaml").write_text(rendered)
+    shown = " ".join(f"--set {k}=…" for k in [*overrides, *numeric])
+    say(f"1/4 rendered {args.chart.name} with {args.values.name} ({shown}) -> {run_dir / 'rendered.yaml'}")
+
+    # 2. The trainer files, entry point and runtime env the chart would run.
+    job = parse_chart_job(rendered)
+    trainer_dir = run_dir / "trainer"
+    written = write_files(job, trainer_dir)
+    entrypoint = localize_entrypoint(job.entrypoint, job.mount_path, ".")
+    say(f"2/4 ConfigMap {job.configmap_name}: {', '.join(p.name for p in written)} -> {trainer_dir}")
+    say(f"    RayJob entry point (mount path {job.mount_path} -> the job's working directory .):")
+    print(f"      {entrypoint}", flush=True)
+
+    storage = job.storage_path
+    if not storage.startswith("gs://"):
+        raise DemoError(f"the rendered --storage_path is {storage!r}; the demo serves a gs:// bucket locally")
+    bucket = storage[len("gs://") :].split("/", 1)[0]
+    gcs = start_fake_gcs(run_dir / "gcs", run_dir / "fake-gcs-server.log")
+    head = None
+    try:
+        gcs.create_bucket(bucket)
+        extra_env = {
+            # The trainer's gs:// storage goes to the local fake-gcs-server (objects as files on disk).
+            "STORAGE_EMULATOR_HOST": gcs.url,
+            # The pods keep HF_HOME on their scratch volume; here a scratch dir of the run.
+            "HF_HOME": str(run_dir / "scratch" / "huggingface"),
+        }
+        runtime_env, pins = local_runtime_env(job, trainer_dir, extra_env)
+        exempt = [f"{c.requirement} (have {c.installed}: {c.note})" for c in pins if c.note]
+        say(
+            f"    runtime env: all {len(pins)} pip pins are satisfied by this Python"
+            + (f" except {'; '.join(exempt)}" if exempt else "")
+            + " -> submitted WITHOUT pip (nothing is installed into the local cluster)"
+        )
+        say(f"    storage {storage} -> local fake-gcs-server {gcs.url}, on disk under {gcs.root}")
+
+        # 3. Ray.
+        if user_cluster:
+            say(f"3/4 using your Ray cluster from {user_cluster} (it must share this machine's files)")
+            address, headers = None, None
+        else:
+            others = other_ray_processes()
+            if others:
+                say("note: " + describe_other_ray(others))
+            num_cpus = args.num_cpus or max(os.cpu_count() or 1, job.num_workers)
+            t = time.monotonic()
+            head = start_ray_head(num_cpus, run_dir / "ray-head.log", args.ray_port, args.dashboard_port)
+            say(
+                f"3/4 local Ray head (pid {head.process.pid}) on 127.0.0.1: GCS :{head.gcs_port}, Jobs API "
+                f"{head.dashboard_url}, {num_cpus} CPUs, token authentication on (a fresh token for this run) "
+                f"[{time.monotonic() - t:.1f} s]"
+            )
+            address, headers = head.dashboard_url, head.headers
+            # Ray Train's helper actors look a cluster up by address; with other Ray clusters on the
+            # machine an unset address is ambiguous, so the job's processes get this one.
+            runtime_env["env_vars"]["RAY_ADDRESS"] = f"{head.gcs_address}"
+            say(f"    runtime env: + env RAY_ADDRESS={head.gcs_address} (this head)")
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            client = JobSubmissionClient(address, headers=headers)
+        except Exception as e:  # noqa: BLE001 - any connection failure gets the same advice
+            raise DemoError(
+                f"cannot reach the Ray Jobs API ({user_cluster or address}): {e}\n"
+                + ("unset RAY_ADDRESS to let the demo start its own local Ray" if user_cluster else "")
+            ) from e
+        storage_dir = gcs.local_path(storage)
+        outcome = run_job(
+            client, entrypoint, runtime_env, run_dir / "job.log",
+            metrics_path=storage_dir / "metrics.jsonl",
+            max_steps=int(job.flags["max_steps"]) if job.flags.get("max_steps") else None,
+            on_tick=head.remember_pids if head else None,
+            metadata={"source": "make demo", "configmap": job.configmap_name},
+        )
+        if head:
+            head.remember_pids()
+        require_success(outcome)
+    finally:
+        if head is not None:
+            stopped = head.stop()
+            remove_temp_dir(head.temp_dir)
+            say(f"stopped the local Ray head: {len(stopped)} processes by pid (pid {head.process.pid} and descendants)")
+        gcs.stop()
+
+    # 4. Report.
+    summary, records = load_run(storage_dir)
+    png = plot_losses(records, run_dir / "loss.png", f"make demo: tiny Gemma 3, {summary.get('global_step')} steps")
+    total_s = time.time() - float(make_start) if make_start else time.time() - started_wall
+    label = "make demo total" if make_start else "demo total"
+    for line in summary_lines(summary, gcs.local_path, png, outcome.wall_s, total_s, label):
+        print(line, flush=True)
+    result = {
+        "run_dir": str(run_dir),
+        "summary": summary,
+        "job": {"submission_id": outcome.submission_id, "status": outcome.status, "wall_s": outcome.wall_s},
+        "total_s": total_s,
+        "total_includes_setup": bool(make_start),
+        "loss_png": str(png),
+        "storage_uri": storage,
+        "storage_dir": str(storage_dir),
+        "configmap": job.configmap_name,
+        "mount_path": job.mount_path,
+        "rendered_entrypoint": job.entrypoint,
+        "submitted_entrypoint": entrypoint,
+        "submitted_runtime_env": {k: v for k, v in runtime_env.items() if k != "working_dir"},
+        "trainer_files_sha256": {p.name: _sha256(p.read_text()) for p in written},
+    }
+    (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # run the clean-up (stop the Ray head and storage server by pid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        run(args)
+    except DemoError as e:
+        print(f"\n[demo] FAILED: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted; the local Ray head and storage server were stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

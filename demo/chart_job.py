@@ -1,0 +1,219 @@
+"""What the chart would run: the trainer files, entry point and runtime env of a rendered release.
+
+``helm template`` renders the chart; this module takes the trainer files from the rendered trainer
+ConfigMap, the entry point and runtime environment from the rendered RayJob, and the path where the
+pods mount that ConfigMap from the RayJob's own pod templates. Nothing here knows the chart's
+internals beyond the Kubernetes objects it renders.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TRAINER_COMPONENT = "trainer-code"
+ENTRY_SCRIPT = "vision_train.py"
+# Packages whose local build may differ from the pin: CPU machines use the local CPU torch wheel.
+PIN_EXEMPT = {"torch": "the local CPU build; the pin is the GPU image's"}
+
+
+class DemoError(RuntimeError):
+    """A failure the user can act on: the message says what to do."""
+
+
+@dataclass
+class ChartJob:
+    """The parts of a rendered release that the demo runs."""
+
+    rendered: str
+    configmap_name: str
+    files: dict[str, str]
+    mount_path: str
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    flags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_workers(self) -> int:
+        return int(self.flags.get("num_workers", "1"))
+
+    @property
+    def storage_path(self) -> str:
+        return self.flags.get("storage_path", "")
+
+
+def render_chart(helm: str, chart: Path, values: Path, set_string: dict[str, str] | None = None,
+                 set_values: dict[str, str] | None = None, release: str = "demo") -> str:
+    """``helm template`` output for ``chart`` with ``values`` (plus ``--set-string``/``--set`` overrides)."""
+    cmd = [helm, "template", release, str(chart), "-f", str(values)]
+    for key, value in (set_string or {}).items():
+        cmd += ["--set-string", f"{key}={value}"]
+    for key, value in (set_values or {}).items():
+        cmd += ["--set", f"{key}={value}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except FileNotFoundError as e:
+        raise DemoError(f"helm not found at {helm}: run `make setup` (it installs Helm into .tools/bin)") from e
+    if proc.returncode != 0:
+        raise DemoError(f"`helm template` failed for {values}:\n{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _documents(rendered: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(rendered) if isinstance(d, dict)]
+
+
+def _one(docs: list[dict[str, Any]], what: str, pred) -> dict[str, Any]:
+    found = [d for d in docs if pred(d)]
+    if len(found) != 1:
+        raise DemoError(f"the rendered chart has {len(found)} {what}; expected exactly one")
+    return found[0]
+
+
+def _pod_templates(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = spec.get("rayClusterSpec") or {}
+    groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]
+    return [g["template"] for g in groups if g.get("template")]
+
+
+def _mount_path(rayjob: dict[str, Any], configmap_name: str) -> str:
+    """Where the pods mount the trainer ConfigMap (the same path in every pod that mounts it)."""
+    paths = set()
+    for template in _pod_templates(rayjob["spec"]):
+        pod = template.get("spec") or {}
+        volumes = {v["name"] for v in pod.get("volumes") or [] if (v.get("configMap") or {}).get("name") == configmap_name}
+        for container in pod.get("containers") or []:
+            for mount in container.get("volumeMounts") or []:
+                if mount["name"] in volumes:
+                    paths.add(mount["mountPath"].rstrip("/"))
+    if len(paths) != 1:
+        raise DemoError(
+            f"the rendered RayJob mounts ConfigMap {configmap_name} at {sorted(paths) or 'no path'}; "
+            "the demo needs one mount path (render in ephemeral mode: values/local.yaml sets mode: ephemeral)"
+        )
+    return paths.pop()
+
+
+def parse_flags(entrypoint: str) -> dict[str, str]:
+    """``--name=value`` words of the entry point (values unquoted as a shell would)."""
+    flags: dict[str, str] = {}
+    for word in shlex.split(entrypoint):
+        if word.startswith("--") and "=" in word:
+            name, value = word[2:].split("=", 1)
+            flags[name] = value
+    return flags
+
+
+def parse_chart_job(rendered: str) -> ChartJob:
+    """Pick the trainer ConfigMap and the RayJob out of ``helm template`` output."""
+    docs = _documents(rendered)
+    configmap = _one(
+        docs,
+        "trainer ConfigMaps (kind ConfigMap, label app.kubernetes.io/component=trainer-code)",
+        lambda d: d.get("kind") == "ConfigMap"
+        and (d.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/component") == TRAINER_COMPONENT,
+    )
+    rayjob = _one(docs, "RayJobs", lambda d: d.get("kind") == "RayJob")
+    files = dict(configmap.get("data") or {})
+    if ENTRY_SCRIPT not in files:
+        raise DemoError(
+            f"the trainer ConfigMap has no {ENTRY_SCRIPT} (it holds {sorted(files)}): "
+            "run `make sync-trainer` so the chart carries trainer/"
+        )
+    spec = rayjob["spec"]
+    name = configmap["metadata"]["name"]
+    runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {}
+    return ChartJob(
+        rendered=rendered,
+        configmap_name=name,
+        files=files,
+        mount_path=_mount_path(rayjob, name),
+        entrypoint=spec["entrypoint"],
+        runtime_env=runtime_env,
+        flags=parse_flags(spec["entrypoint"]),
+    )
+
+
+def write_files(job: ChartJob, dest: Path) -> list[Path]:
+    """Write the ConfigMap's files to ``dest`` exactly as the pods would see them."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, text in sorted(job.files.items()):
+        if "/" in name or name.startswith("."):
+            raise DemoError(f"unexpected file name {name!r} in the trainer ConfigMap")
+        path = dest / name
+        path.write_bytes(text.encode())
+        out.append(path)
+    return out
+
+
+def localize_entrypoint(entrypoint: str, mount_path: str, working_dir: str = ".") -> str:
+    """The entry point with the ConfigMap's mount path replaced by the job's working directory.
+
+    Only path words that start with the mount path change; every flag stays byte-for-byte.
+    """
+    pattern = re.compile(r"(?<![\w./-])" + re.escape(mount_path) + r"(?=/|\s|$)")
+    localized, count = pattern.subn(working_dir, entrypoint)
+    if count == 0:
+        raise DemoError(f"the RayJob entry point does not use the trainer mount path {mount_path}: {entrypoint}")
+    return localized
+
+
+@dataclass
+class PinCheck:
+    requirement: str
+    installed: str | None
+    ok: bool
+    note: str = ""
+
+
+def check_pins(packages: list[str]) -> list[PinCheck]:
+    """Check every pip requirement of the runtime env against this Python's installed packages."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    checks = []
+    for line in packages:
+        req = Requirement(line)
+        try:
+            have: str | None = version(req.name)
+        except PackageNotFoundError:
+            have = None
+        if have is not None and req.name.lower() in PIN_EXEMPT:
+            checks.append(PinCheck(line, have, True, PIN_EXEMPT[req.name.lower()]))
+            continue
+        ok = have is not None and req.specifier.contains(have, prereleases=True)
+        checks.append(PinCheck(line, have, ok))
+    return checks
+
+
+def local_runtime_env(job: ChartJob, working_dir: Path, extra_env: dict[str, str]) -> tuple[dict[str, Any], list[PinCheck]]:
+    """The runtime env to submit locally: the rendered one with its pip list verified and left out.
+
+    Raises DemoError when the local Python does not satisfy a pin (installing packages into a local
+    cluster's job environment would take minutes and the network; ``make setup`` installs the pins).
+    """
+    env = dict(job.runtime_env)
+    pip = env.pop("pip", None)
+    packages = (pip.get("packages") if isinstance(pip, dict) else pip) or []
+    checks = check_pins(list(packages))
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        lines = "\n".join(f"  {c.requirement}: installed {c.installed or 'nothing'}" for c in bad)
+        raise DemoError(
+            "the chart's runtime env pins packages this Python does not have:\n"
+            f"{lines}\nrun `make setup` (it installs trainer/requirements.txt into .venv)"
+        )
+    unknown = set(env) - {"env_vars", "config"}
+    if unknown:
+        raise DemoError(f"the rendered runtime env has fields the demo does not reproduce: {sorted(unknown)}")
+    env["working_dir"] = str(working_dir)
+    env["env_vars"] = {**(env.get("env_vars") or {}), **extra_env}
+    return env, checks

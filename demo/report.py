@@ -1,0 +1,97 @@
+"""The end of the demo: the trainer's summary.json / metrics.jsonl as a short report and a loss curve."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from demo.chart_job import DemoError
+from demo.job_runner import read_metrics
+
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+PNG_DPI = 120
+PNG_SIZE_IN = (7.0, 4.2)
+
+
+def load_run(storage_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(summary, metrics records) of a finished run whose storage root is ``storage_dir`` on disk."""
+    summary_path = storage_dir / SUMMARY_FILE
+    if not summary_path.is_file():
+        raise DemoError(f"the job finished but wrote no {summary_path}: see the job log above")
+    summary = json.loads(summary_path.read_text())
+    return summary, read_metrics(storage_dir / METRICS_FILE)
+
+
+def loss_series(records: list[dict[str, Any]]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    train = [(int(r["step"]), float(r["loss"])) for r in records if r.get("kind") == "train" and "loss" in r]
+    evals = [(int(r["step"]), float(r["eval_loss"])) for r in records if "eval_loss" in r]
+    return train, evals
+
+
+def plot_losses(records: list[dict[str, Any]], png: Path, title: str) -> Path:
+    """Train and eval loss against the optimizer step, as a PNG (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train, evals = loss_series(records)
+    if not train and not evals:
+        raise DemoError("metrics.jsonl has no loss records to plot")
+    fig, ax = plt.subplots(figsize=PNG_SIZE_IN)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train loss", color="tab:blue", linewidth=1.2)
+    if evals:
+        ax.plot(*zip(*evals, strict=True), label="eval loss", color="tab:orange", marker="o", linewidth=1.6)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("mean answer-token loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=PNG_DPI)
+    plt.close(fig)
+    return png
+
+
+def _num(v: Any, fmt: str = ".4f") -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else str(v)
+
+
+def summary_lines(summary: dict[str, Any], to_local: Callable[[str], Path], png: Path,
+                  job_wall_s: float | None, total_s: float | None, total_label: str) -> list[str]:
+    """The demo's closing report."""
+    first_eval, final_eval = summary.get("first_eval_loss"), summary.get("final_eval_loss")
+    drop = ""
+    if isinstance(first_eval, (int, float)) and isinstance(final_eval, (int, float)) and first_eval:
+        drop = f"  ({(1 - final_eval / first_eval) * 100:.0f}% lower)"
+
+    def where(key: str) -> str:
+        uri = summary.get(key)
+        if not uri:
+            return "-"
+        local = to_local(str(uri))
+        return f"{uri}\n{'':<22}on disk: {local}" if str(uri) != str(local) else str(uri)
+
+    lines = [
+        "=" * 72,
+        "make demo: summary",
+        f"  {'steps':<20}{summary.get('global_step')} (epochs {_num(summary.get('epochs'), '.2f')},"
+        f" {summary.get('num_workers')} workers, global batch {summary.get('global_batch_size')})",
+        f"  {'train loss':<20}{_num(summary.get('first_train_loss'))} -> {_num(summary.get('final_train_loss'))}",
+        f"  {'eval loss':<20}{_num(first_eval)} -> {_num(final_eval)}{drop}",
+        f"  {'samples/s':<20}{_num(summary.get('samples_per_second'), '.2f')}",
+        f"  {'newest checkpoint':<20}{where('newest_checkpoint')}",
+        f"  {'final adapter':<20}{where('final_adapter')}",
+        f"  {'loss curve':<20}{png}",
+        f"  {'job wall time':<20}{_num(job_wall_s, '.1f')} s",
+    ]
+    if total_s is not None:
+        lines.append(f"  {total_label:<20}{total_s:.1f} s")
+    lines.append("=" * 72)
+    return lines

@@ -1,7 +1,7 @@
 """`make demo`: the chart's own RayJob, end to end, on a local Ray cluster.
 
 1. ``helm template`` renders charts/gemma3-ray with values/local.yaml (the tiny model and sample
-   data paths, and optionally ``--max_steps``, are passed as ``--set`` overrides).
+   data paths, and optionally ``--max_steps``/``--set``, are passed as overrides).
 2. The trainer files come from the rendered trainer ConfigMap, the entry point and runtime env from
    the rendered RayJob. Only the ConfigMap's mount path in the entry point changes (to the job's
    working directory, which holds exactly the ConfigMap's files). The runtime env's pip pins are
@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 from demo.chart_job import (
     DemoError,
+    as_kuberay_submits,
     local_runtime_env,
     localize_entrypoint,
     parse_chart_job,
@@ -39,6 +41,7 @@ from demo.local_cluster import (
     other_ray_processes,
     remove_temp_dir,
     require_memory,
+    require_port_free,
     start_fake_gcs,
     start_ray_head,
 )
@@ -48,11 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHART = ROOT / "charts" / "gemma3-ray"
 DEFAULT_VALUES = ROOT / "values" / "local.yaml"
 DEFAULT_OUTPUT = ROOT / "demo-output"
-# A Ray head (~1 GiB), two CPU training workers with the tiny model (~1.5 GiB each) and headroom.
+# A Ray head (~1 GiB) and two CPU training workers with the tiny model (~1.5 GiB each), plus headroom.
 DEFAULT_MIN_FREE_GIB = 5.0
 DEFAULT_ROWS = 240
+# Each run keeps its checkpoints (~1 GiB): older runs beyond this many are removed.
+KEEP_RUNS = 3
 RESULT_FILE = "demo-result.json"
 USER_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+# Flags the demo itself sets on the chart; --set cannot override them.
+DEMO_SET = ("training.model_id", "training.dataset_name")
 
 
 def say(msg: str) -> None:
@@ -66,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT, help="where runs are kept")
     p.add_argument("--max_steps", type=int, default=None,
                    help="override training.max_steps of the values file (rendered by the chart)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra `helm template --set` override, e.g. training.eval_steps=4 (repeatable)")
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows of the sample dataset")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs the local Ray head offers (default: this machine's, at least the worker count)")
@@ -78,11 +87,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--max_steps must be a positive number of optimizer steps")
     if args.rows < 2:
         p.error("--rows must be at least 2 (a train and an eval row)")
+    for item in args.sets:
+        key = item.split("=", 1)[0]
+        if "=" not in item or not key:
+            p.error(f"--set {item!r}: use KEY=VALUE, e.g. --set training.eval_steps=4")
+        if key in DEMO_SET:
+            p.error(f"--set {key}: the demo sets it (the tiny model / sample data it builds)")
     return args
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _user_cluster() -> str | None:
@@ -92,23 +107,53 @@ def _user_cluster() -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    started_wall = time.time()
-    make_start = os.environ.get("DEMO_START")
+def _new_run_dir(output_dir: Path) -> Path:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    runs = sorted(p for p in output_dir.glob("run-*") if p.is_dir())
+    for old in runs[: max(0, len(runs) - (KEEP_RUNS - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+        say(f"removed an older run (keeping the newest {KEEP_RUNS}): {old}")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    run_dir = (args.output_dir / f"run-{stamp}-{os.getpid()}").resolve()
-    run_dir.mkdir(parents=True)
-    latest = args.output_dir / "latest"
+    run_dir = (output_dir / f"run-{stamp}-{os.getpid()}").resolve()
+    run_dir.mkdir()
+    latest = output_dir / "latest"
     if latest.is_symlink() or not latest.exists():
         latest.unlink(missing_ok=True)
         latest.symlink_to(run_dir.name)
-    say(f"run directory: {run_dir}")
+    return run_dir
 
+
+def _user_client():
+    """A Jobs API client for the user's own cluster (RAY_ADDRESS), checked before any work."""
+    from ray.job_submission import JobSubmissionClient
+
+    where = _user_cluster()
+    try:
+        return JobSubmissionClient()
+    except Exception as e:  # noqa: BLE001 - every connection failure gets the same advice
+        raise DemoError(
+            f"cannot reach the Ray Jobs API of {where}: {e}\n"
+            "Fix the address (http://<head>:<dashboard port>), or unset it and the demo starts its own local Ray."
+        ) from e
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started_wall = time.time()
+    make_start = os.environ.get("DEMO_START")
+
+    # Pre-flight: fail before any work on what the user must fix.
     user_cluster = _user_cluster()
+    client = _user_client() if user_cluster else None
     if not user_cluster:
         require_memory(args.min_free_gib)
+        if args.ray_port:
+            require_port_free(args.ray_port, "--ray-port")
+        if args.dashboard_port:
+            require_port_free(args.dashboard_port, "--dashboard-port")
+    run_dir = _new_run_dir(args.output_dir)
+    say(f"run directory: {run_dir}")
 
-    # The tiny model and the sample data (offline; cached after the first run).
+    # The tiny model and the sample data (offline; the model is cached after the first run).
     from demo.sample_data import build_sample_dataset
     from demo.tiny_model import build_tiny_gemma3
 
@@ -119,26 +164,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     # 1. Render the chart.
     helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
-    overrides = {"training.model_id": str(model_dir), "training.dataset_name": str(data)}
-    numeric = {"training.max_steps": str(args.max_steps)} if args.max_steps is not None else {}
-    rendered = render_chart(helm, args.chart, args.values, overrides, numeric)
+    paths = {"training.model_id": str(model_dir), "training.dataset_name": str(data)}
+    sets = dict(item.split("=", 1) for item in args.sets)
+    if args.max_steps is not None:
+        sets["training.max_steps"] = str(args.max_steps)
+    rendered = render_chart(helm, args.chart, args.values, paths, sets)
     (run_dir / "rendered.yaml").write_text(rendered)
-    shown = " ".join(f"--set {k}=…" for k in [*overrides, *numeric])
-    say(f"1/4 rendered {args.chart.name} with {args.values.name} ({shown}) -> {run_dir / 'rendered.yaml'}")
+    shown = " ".join([*(f"--set-string {k}=<built>" for k in paths), *(f"--set {k}={v}" for k, v in sets.items())])
+    say(f"1/4 helm template {args.chart.name} -f {args.values.name} {shown} -> {run_dir / 'rendered.yaml'}")
 
     # 2. The trainer files, entry point and runtime env the chart would run.
     job = parse_chart_job(rendered)
     trainer_dir = run_dir / "trainer"
     written = write_files(job, trainer_dir)
-    entrypoint = localize_entrypoint(job.entrypoint, job.mount_path, ".")
+    entrypoint = as_kuberay_submits(localize_entrypoint(job.entrypoint, job.mount_path, "."))
     say(f"2/4 ConfigMap {job.configmap_name}: {', '.join(p.name for p in written)} -> {trainer_dir}")
-    say(f"    RayJob entry point (mount path {job.mount_path} -> the job's working directory .):")
+    say(f"    RayJob entry point, as KubeRay's submitter passes it (mount path {job.mount_path} -> the job's "
+        "working directory, which holds the ConfigMap's files):")
     print(f"      {entrypoint}", flush=True)
-
     storage = job.storage_path
     if not storage.startswith("gs://"):
         raise DemoError(f"the rendered --storage_path is {storage!r}; the demo serves a gs:// bucket locally")
     bucket = storage[len("gs://") :].split("/", 1)[0]
+
     gcs = start_fake_gcs(run_dir / "gcs", run_dir / "fake-gcs-server.log")
     head = None
     try:
@@ -156,12 +204,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             + (f" except {'; '.join(exempt)}" if exempt else "")
             + " -> submitted WITHOUT pip (nothing is installed into the local cluster)"
         )
-        say(f"    storage {storage} -> local fake-gcs-server {gcs.url}, on disk under {gcs.root}")
+        say(f"    runtime env: + working_dir {trainer_dir}; + env STORAGE_EMULATOR_HOST={gcs.url}, "
+            f"HF_HOME={extra_env['HF_HOME']}")
+        say(f"    storage {storage} -> the local fake-gcs-server, on disk under {gcs.root}")
 
         # 3. Ray.
-        if user_cluster:
+        if client is not None:
             say(f"3/4 using your Ray cluster from {user_cluster} (it must share this machine's files)")
-            address, headers = None, None
         else:
             others = other_ray_processes()
             if others:
@@ -174,20 +223,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"{head.dashboard_url}, {num_cpus} CPUs, token authentication on (a fresh token for this run) "
                 f"[{time.monotonic() - t:.1f} s]"
             )
-            address, headers = head.dashboard_url, head.headers
             # Ray Train's helper actors look a cluster up by address; with other Ray clusters on the
             # machine an unset address is ambiguous, so the job's processes get this one.
-            runtime_env["env_vars"]["RAY_ADDRESS"] = f"{head.gcs_address}"
+            runtime_env["env_vars"]["RAY_ADDRESS"] = head.gcs_address
             say(f"    runtime env: + env RAY_ADDRESS={head.gcs_address} (this head)")
-        from ray.job_submission import JobSubmissionClient
+            from ray.job_submission import JobSubmissionClient
 
-        try:
-            client = JobSubmissionClient(address, headers=headers)
-        except Exception as e:  # noqa: BLE001 - any connection failure gets the same advice
-            raise DemoError(
-                f"cannot reach the Ray Jobs API ({user_cluster or address}): {e}\n"
-                + ("unset RAY_ADDRESS to let the demo start its own local Ray" if user_cluster else "")
-            ) from e
+            client = JobSubmissionClient(head.dashboard_url, headers=head.headers)
         storage_dir = gcs.local_path(storage)
         outcome = run_job(
             client, entrypoint, runtime_env, run_dir / "job.log",
@@ -196,14 +238,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             on_tick=head.remember_pids if head else None,
             metadata={"source": "make demo", "configmap": job.configmap_name},
         )
-        if head:
-            head.remember_pids()
         require_success(outcome)
     finally:
         if head is not None:
             stopped = head.stop()
             remove_temp_dir(head.temp_dir)
-            say(f"stopped the local Ray head: {len(stopped)} processes by pid (pid {head.process.pid} and descendants)")
+            say(f"stopped the local Ray head by process id: pid {head.process.pid} and {len(stopped) - 1} descendants")
         gcs.stop()
 
     # 4. Report.
@@ -219,7 +259,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "job": {"submission_id": outcome.submission_id, "status": outcome.status, "wall_s": outcome.wall_s},
         "total_s": total_s,
         "total_includes_setup": bool(make_start),
+        "ray_head_pid": head.process.pid if head else None,
+        "ray_temp_dir": str(head.temp_dir) if head else None,
         "loss_png": str(png),
+        "job_log": str(outcome.log_path),
         "storage_uri": storage,
         "storage_dir": str(storage_dir),
         "configmap": job.configmap_name,
@@ -227,7 +270,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rendered_entrypoint": job.entrypoint,
         "submitted_entrypoint": entrypoint,
         "submitted_runtime_env": {k: v for k, v in runtime_env.items() if k != "working_dir"},
-        "trainer_files_sha256": {p.name: _sha256(p.read_text()) for p in written},
+        "trainer_dir": str(trainer_dir),
+        "trainer_files_sha256": {p.name: _sha256(p.read_bytes()) for p in written},
     }
     (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
     return result

@@ -165,6 +165,16 @@ def localize_entrypoint(entrypoint: str, mount_path: str, working_dir: str = "."
     return localized
 
 
+def as_kuberay_submits(entrypoint: str) -> str:
+    """The entry point as the job receives it from KubeRay's submitter.
+
+    The submitter runs ``ray job submit ... -- <entrypoint>`` in bash (word splitting, quote removal);
+    ``ray job submit`` joins the words again with ``subprocess.list2cmdline`` and the job runs that
+    string with ``/bin/sh``. The demo submits the same string.
+    """
+    return subprocess.list2cmdline(shlex.split(entrypoint))
+
+
 @dataclass
 class PinCheck:
     requirement: str

@@ -1,0 +1,219 @@
+"""`make demo`'s path, shortened: the chart's own RayJob on a private local Ray head.
+
+The end-to-end test runs ``python -m demo`` exactly as ``make demo`` does (real helm, real Ray head on
+127.0.0.1, real fake-gcs-server, the trainer bytes from the rendered ConfigMap) with fewer steps, then
+checks what a user would look at: the summary's numbers, the checkpoints and adapter on disk, the loss
+PNG, and that the files and command the job ran are the chart's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from demo import __main__ as demo_main
+from demo.chart_job import DemoError, as_kuberay_submits, localize_entrypoint, parse_chart_job, render_chart
+
+ROOT = Path(__file__).resolve().parents[2]
+HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
+CHART = ROOT / "charts" / "gemma3-ray"
+LOCAL_VALUES = ROOT / "values" / "local.yaml"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# A loss curve with axes, two series and a legend is tens of KiB; an empty canvas is a few.
+MIN_PNG_BYTES = 10_000
+# The short run: 12 steps with an eval every 4 (three evals) and a checkpoint every 6.
+SHORT_STEPS = 12
+SHORT_SETS = ["training.eval_steps=4", "training.save_steps=6", "training.logging_steps=1"]
+DEMO_TIMEOUT_S = 420
+
+
+def _demo_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in demo_main.USER_CLUSTER_ENV:
+        env.pop(name, None)  # the demo must start its own head
+    env["PATH"] = f"{ROOT / '.tools' / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.setdefault("HELM", HELM)
+    return env
+
+
+def _run_demo(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "demo", f"--output-dir={out}", *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=_demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("demo")
+    proc = _run_demo(out, f"--max_steps={SHORT_STEPS}", *(f"--set={s}" for s in SHORT_SETS))
+    assert proc.returncode == 0, f"demo failed\nSTDOUT tail:\n{proc.stdout[-4000:]}\nSTDERR tail:\n{proc.stderr[-4000:]}"
+    (run_dir,) = [p for p in out.glob("run-*") if p.is_dir()]
+    result = json.loads((run_dir / demo_main.RESULT_FILE).read_text())
+    result["stdout"] = proc.stdout
+    return result
+
+
+@pytest.mark.slow
+def test_summary_numbers(short_run: dict) -> None:
+    s = short_run["summary"]
+    assert short_run["job"]["status"] == "SUCCEEDED"
+    assert s["global_step"] == SHORT_STEPS
+    assert s["num_workers"] == 2  # workers.replicas of values/local.yaml, derived by the chart
+    losses = [s["first_train_loss"], s["final_train_loss"], s["first_eval_loss"], s["final_eval_loss"]]
+    assert all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in losses), losses
+    assert s["final_train_loss"] < s["first_train_loss"]
+    assert s["final_eval_loss"] < s["first_eval_loss"]
+    assert s["samples_per_second"] > 0
+    # The closing report prints those numbers.
+    assert f"{s['first_eval_loss']:.4f} -> {s['final_eval_loss']:.4f}" in short_run["stdout"]
+    assert "job wall time" in short_run["stdout"]
+
+
+@pytest.mark.slow
+def test_checkpoints_and_adapter_on_disk(short_run: dict) -> None:
+    storage = Path(short_run["storage_dir"])
+    s = short_run["summary"]
+    assert s["final_adapter"] == short_run["storage_uri"] + "/final"
+    assert s["newest_checkpoint"].endswith(f"checkpoint-{SHORT_STEPS:06d}")
+    newest = storage / s["newest_checkpoint"].removeprefix(short_run["storage_uri"] + "/")
+    for folder in (newest, storage / "final"):
+        assert json.loads((folder / "adapter_config.json").read_text())["peft_type"] == "LORA", folder
+        assert (folder / "adapter_model.safetensors").stat().st_size > 0, folder
+    assert (newest / "trainer_state.json").is_file()
+    records = [json.loads(ln) for ln in (storage / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("kind") == "eval"] == [4, 8, 12]
+
+
+@pytest.mark.slow
+def test_loss_png_is_a_real_image(short_run: dict) -> None:
+    from PIL import Image
+
+    png = Path(short_run["loss_png"])
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert png.stat().st_size > MIN_PNG_BYTES
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.width > 400 and img.height > 300
+
+
+@pytest.mark.slow
+def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
+    """The files the job ran are byte-for-byte the rendered ConfigMap's; its command is the RayJob's."""
+    rendered = (Path(short_run["run_dir"]) / "rendered.yaml").read_text()
+    job = parse_chart_job(rendered)
+    trainer_dir = Path(short_run["trainer_dir"])
+    assert sorted(p.name for p in trainer_dir.iterdir()) == sorted(job.files)
+    for name, text in job.files.items():
+        assert (trainer_dir / name).read_bytes() == text.encode(), name
+    # ... and those are the repository's trainer/ (the chart ships a synced copy).
+    assert (trainer_dir / "vision_train.py").read_bytes() == (ROOT / "trainer" / "vision_train.py").read_bytes()
+    # The command: the rendered entry point with only the mount path replaced.
+    assert short_run["rendered_entrypoint"] == job.entrypoint
+    assert short_run["submitted_entrypoint"] == as_kuberay_submits(localize_entrypoint(job.entrypoint, job.mount_path))
+    assert shlex.split(short_run["submitted_entrypoint"])[1] == "./vision_train.py"
+    words = shlex.split(job.entrypoint)[2:]
+    assert shlex.split(short_run["submitted_entrypoint"])[2:] == words
+    assert f"--max_steps={SHORT_STEPS}" in words
+    # Ray ran that command (its own log line), with the ConfigMap's files as the working directory.
+    log = Path(short_run["job_log"]).read_text()
+    assert f"Running entrypoint for job {short_run['job']['submission_id']}: {short_run['submitted_entrypoint']}" in log
+    # The runtime env: the chart's, minus the pip list the demo verified locally.
+    env_vars = short_run["submitted_runtime_env"]["env_vars"]
+    assert "pip" not in short_run["submitted_runtime_env"]
+    assert env_vars["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
+
+
+@pytest.mark.slow
+def test_ray_head_was_stopped(short_run: dict) -> None:
+    pid = short_run["ray_head_pid"]
+    assert pid
+    if psutil.pid_exists(pid):
+        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"]) if short_run["ray_temp_dir"] in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+    assert "stopped the local Ray head by process id" in short_run["stdout"]
+
+
+@pytest.mark.slow
+def test_trainer_failure_shows_the_log_tail(tmp_path: Path) -> None:
+    """A job that fails says so, with the trainer's own error from the log, and stops its Ray."""
+    # freeze_vision=true needs lora_target=language-model: the chart passes it, the trainer refuses.
+    proc = _run_demo(tmp_path, "--set=training.freeze_vision=true", "--rows=8")
+    assert proc.returncode == 1
+    assert "ended FAILED" in proc.stderr
+    assert "freeze_vision=true leaves the vision tower without LoRA" in proc.stderr
+    assert "stopped the local Ray head by process id" in proc.stdout
+
+
+# ------------------------------------------------------------------------------- fast checks
+
+
+def test_port_in_use_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in demo_main.USER_CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc = demo_main.main([f"--output-dir={tmp_path}", f"--dashboard-port={port}", "--min-free-gib=0"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"port {port} on 127.0.0.1 is in use" in err and "--dashboard-port" in err
+    assert not list(tmp_path.glob("run-*")), "no work before the pre-flight checks pass"
+
+
+def test_not_enough_memory_says_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in demo_main.USER_CLUSTER_ENV:
+        monkeypatch.delenv(name, raising=False)
+    rc = demo_main.main([f"--output-dir={tmp_path}", "--min-free-gib=100000"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "GiB of memory is available" in err and "close other programs" in err
+
+
+def test_unreachable_ray_address_is_not_replaced_silently(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once the socket closes
+    monkeypatch.setenv("RAY_ADDRESS", f"http://127.0.0.1:{port}")
+    rc = demo_main.main([f"--output-dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"RAY_ADDRESS=http://127.0.0.1:{port}" in err and "unset it" in err
+
+
+def test_rendered_local_values_give_the_demo_what_it_needs() -> None:
+    job = parse_chart_job(render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"}))
+    assert set(job.files) >= {"vision_train.py", "requirements.txt"}
+    assert job.entrypoint.startswith(f"python {job.mount_path}/vision_train.py ")
+    assert job.storage_path.startswith("gs://")
+    assert job.flags["use_gpu"] == "false" and job.num_workers == 2
+    pins = job.runtime_env["pip"]["packages"]
+    assert any(p.startswith("transformers==") for p in pins)
+
+
+def test_bad_values_fail_with_helms_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**yaml.safe_load(LOCAL_VALUES.read_text()), "mode": "sometimes"}))
+    with pytest.raises(DemoError, match="helm template` failed"):
+        render_chart(HELM, CHART, bad)
+
+
+def test_entrypoint_mount_path_is_the_only_change() -> None:
+    ep = "python /home/ray/trainer/vision_train.py --a=1 --prompt='x /home/ray/trainerish' --b=/home/ray/trainer/cfg.json"
+    assert localize_entrypoint(ep, "/home/ray/trainer") == (
+        "python ./vision_train.py --a=1 --prompt='x /home/ray/trainerish' --b=./cfg.json"
+    )
+    with pytest.raises(DemoError, match="mount path"):
+        localize_entrypoint("python /elsewhere/vision_train.py", "/home/ray/trainer")

@@ -40,6 +40,7 @@ from demo.local_cluster import (
     describe_other_ray,
     other_ray_processes,
     remove_temp_dir,
+    require_jobs_api_packages,
     require_memory,
     require_port_free,
     start_fake_gcs,
@@ -146,6 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client = _user_client() if user_cluster else None
     if not user_cluster:
         require_memory(args.min_free_gib)
+        require_jobs_api_packages()
         if args.ray_port:
             require_port_free(args.ray_port, "--ray-port")
         if args.dashboard_port:

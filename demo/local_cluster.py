@@ -190,6 +190,18 @@ def _dashboard_up(url: str, token: str) -> bool:
         return False
 
 
+def require_jobs_api_packages() -> None:
+    """The Ray Jobs API runs in Ray's dashboard, which needs ``ray[default]``."""
+    import ray._private.utils as ray_utils
+
+    error = ray_utils.get_dashboard_dependency_error()
+    if error:
+        raise DemoError(
+            f"Ray's Jobs API needs ray[default], and this Python lacks part of it ({error}): "
+            "run `make setup` (or `.venv/bin/pip install 'ray[default]==<the ray pin of trainer/requirements.txt>'`)"
+        )
+
+
 def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
                    dashboard_port: int | None = None) -> RayHead:
     """Start ``ray start --head --block`` bound to 127.0.0.1; return once its Jobs API answers."""

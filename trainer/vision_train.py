@@ -86,6 +86,30 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 GIB = 2**30
 SCAN_BATCH_ROWS = 64
+# Recipes: values for the speed/memory flags a user leaves unset (bench/RESULTS.md measures both).
+RECIPES: dict[str, dict[str, Any]] = {
+    "fast": {
+        "quantization": "none",
+        "attn_implementation": "sdpa",
+        "gradient_checkpointing": False,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "use_liger_kernel": True,
+        "adapter_dtype": "bf16",
+        "dataloader_num_workers": 4,
+    },
+    "tutorial": {
+        "quantization": "4bit",
+        "attn_implementation": "eager",
+        "gradient_checkpointing": True,
+        "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": 4,
+        "use_liger_kernel": False,
+        "adapter_dtype": "fp32",
+        "dataloader_num_workers": 0,
+    },
+}
+CPU_OVERRIDES: dict[str, Any] = {"use_liger_kernel": False, "adapter_dtype": "fp32", "dataloader_num_workers": 0}
 LANGUAGE_MODEL_LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 
@@ -116,8 +140,12 @@ class TrainArguments:
         metadata={"help": "Longest sample in tokens (image tokens included); longer rows are skipped, never cut."},
     )
     num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs (max_steps wins when > 0)."})
-    per_device_train_batch_size: int = field(default=1, metadata={"help": "Samples per worker per micro-batch."})
-    gradient_accumulation_steps: int = field(default=4, metadata={"help": "Micro-batches per optimizer step."})
+    per_device_train_batch_size: int | None = field(
+        default=None, metadata={"help": "Samples per worker per micro-batch (default: from --recipe; tutorial: 1)."}
+    )
+    gradient_accumulation_steps: int | None = field(
+        default=None, metadata={"help": "Micro-batches per optimizer step (default: from --recipe; tutorial: 4)."}
+    )
     learning_rate: float = field(default=2e-4, metadata={"help": "Peak learning rate (constant schedule)."})
     logging_steps: int = field(default=5, metadata={"help": "Log every N optimizer steps."})
     save_strategy: Literal["steps", "epoch", "no"] = field(default="epoch", metadata={"help": "When to checkpoint."})
@@ -129,11 +157,31 @@ class TrainArguments:
     storage_path: str | None = field(
         default=None, metadata={"help": "Root of the run: gs://bucket/prefix or a local/shared path."}
     )
-    quantization: Literal["none", "4bit"] = field(default="4bit", metadata={"help": "4bit = QLoRA (NF4)."})
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = field(
-        default="eager", metadata={"help": "Attention kernel."}
+    recipe: Literal["fast", "tutorial"] = field(
+        default="fast",
+        metadata={
+            "help": "Preset for the speed/memory flags left unset: fast (bf16 LoRA, sdpa, no checkpointing, "
+            "batch 8, Liger kernels, data loader processes; ~40 GB/GPU on 4B) or tutorial (the tutorial's QLoRA: "
+            "4-bit, eager, checkpointing, batch 1 x 4; fits small GPUs). See bench/RESULTS.md."
+        },
     )
-    gradient_checkpointing: bool = field(default=True, metadata={"help": "Recompute activations in backward."})
+    quantization: Literal["none", "4bit"] | None = field(
+        default=None, metadata={"help": "4bit = QLoRA (NF4) (default: from --recipe)."}
+    )
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = field(
+        default=None, metadata={"help": "Attention kernel (default: from --recipe)."}
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Recompute activations in backward (default: from --recipe)."}
+    )
+    use_liger_kernel: bool | None = field(
+        default=None,
+        metadata={"help": "Liger's Triton RMSNorm/GeGLU/RoPE kernels (GPU; default: from --recipe)."},
+    )
+    adapter_dtype: Literal["bf16", "fp32"] | None = field(
+        default=None,
+        metadata={"help": "LoRA weight dtype on a bf16 base: bf16 skips the fp32 casts (default: from --recipe)."},
+    )
     lora_target: Literal["all-linear", "language-model"] = field(
         default="all-linear",
         metadata={"help": "LoRA on every linear layer (vision too) or on the language model only."},
@@ -166,7 +214,19 @@ class TrainArguments:
     cache_dir: str | None = field(
         default=None, metadata={"help": "Node-local cache for the model and data (default: the HF cache)."}
     )
-    dataloader_num_workers: int = field(default=0, metadata={"help": "Data loader processes per worker."})
+    dataloader_num_workers: int | None = field(
+        default=None,
+        metadata={"help": "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU)."},
+    )
+
+    def __post_init__(self) -> None:
+        # Flags left unset take the recipe's value; an explicit flag always wins.
+        preset = dict(RECIPES.get(self.recipe, {}))
+        if not self.use_gpu:  # CPU workers: no Triton kernels, fp32 weights, images decoded in-process
+            preset.update(CPU_OVERRIDES)
+        for name, value in preset.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
 
 class UsageError(ValueError):
@@ -253,6 +313,14 @@ def validate_args(args: TrainArguments) -> None:
     need(args.save_total_limit >= 1, "save_total_limit must be >= 1")
     need(args.max_failures >= -1, "max_failures must be >= -1 (-1: unlimited)")
     need(args.dataloader_num_workers >= 0, "dataloader_num_workers must be >= 0")
+    need(
+        not (args.use_liger_kernel and not args.use_gpu),
+        "use_liger_kernel=true needs GPUs (Triton kernels); drop it or set --use_gpu=true",
+    )
+    need(
+        not (args.adapter_dtype == "bf16" and not args.use_gpu),
+        "adapter_dtype=bf16 needs GPUs (the CPU path trains in fp32); drop it or set --use_gpu=true",
+    )
     need(
         not (args.quantization == "4bit" and not args.use_gpu),
         "quantization=4bit needs GPUs (bitsandbytes); use --quantization=none with --use_gpu=false",
@@ -915,6 +983,13 @@ def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool):
         gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
         dataloader_num_workers=args.dataloader_num_workers,
+        dataloader_persistent_workers=args.dataloader_num_workers > 0,
+        dataloader_pin_memory=args.use_gpu,
+        use_liger_kernel=bool(args.use_liger_kernel),
+        # Only the layer kernels: TRL's fused LM head already scores just the labelled positions.
+        liger_kernel_config={"rope": True, "rms_norm": True, "geglu": True, "layer_norm": True,
+                             "cross_entropy": False, "fused_linear_cross_entropy": False}
+        if args.use_liger_kernel else None,
         report_to=["tensorboard"],
         remove_unused_columns=False,
         dataset_kwargs={"skip_prepare_dataset": True},
@@ -943,6 +1018,14 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
             f"{args.model_id}: the processor's image token id {collator.encoder.soft_token_id} differs from the "
             f"model's image_token_id {model_image_token}; use the processor saved with the model"
         )
+    peft_config = lora_config(args)
+    if args.adapter_dtype == "bf16" and args.quantization == "none":
+        # PEFT upcasts LoRA weights to fp32 by default; on a bf16 base that costs a cast per LoRA layer per
+        # step (bench/RESULTS.md). QLoRA adapters are bf16 already (TRL casts them).
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config, autocast_adapter_dtype=False)
+        peft_config = None
     trainer = SFTTrainer(
         model=model,
         args=sft_config(args, local_dir, evaluation is not None),
@@ -950,7 +1033,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
         train_dataset=train,
         eval_dataset=evaluation,
         processing_class=processor,
-        peft_config=lora_config(args),
+        peft_config=peft_config,
         callbacks=callbacks,
     )
     # TRL scores only the labelled positions and divides the summed token loss by `num_items_in_batch`:

@@ -21,7 +21,8 @@ max_seq_length num_train_epochs per_device_train_batch_size gradient_accumulatio
 logging_steps save_strategy save_steps num_workers use_gpu accelerator_type storage_path quantization
 attn_implementation gradient_checkpointing lora_target train_embeddings freeze_vision max_steps
 eval_fraction eval_steps seed column_mapping prompt_template system_message bad_rows max_failures
-save_total_limit hub_model_id merge_adapter cache_dir dataloader_num_workers""".split()  # noqa: SIM905
+save_total_limit hub_model_id merge_adapter cache_dir dataloader_num_workers
+recipe use_liger_kernel adapter_dtype""".split()  # noqa: SIM905
 
 
 def test_flag_names_are_exactly_the_contract() -> None:
@@ -72,7 +73,7 @@ def test_push_to_hub_needs_the_token_from_the_environment(monkeypatch: pytest.Mo
 
 def test_all_problems_are_reported_at_once() -> None:
     with pytest.raises(vt.UsageError) as err:
-        vt.parse_args(["--use_gpu=false", "--lora_r=0", "--num_workers=0"])  # 4bit default on CPU too
+        vt.parse_args(["--use_gpu=false", "--lora_r=0", "--num_workers=0", "--recipe=tutorial"])  # 4-bit recipe
     text = str(err.value)
     assert "num_workers must be >= 1" in text and "lora_r" in text and "quantization=4bit" in text
 
@@ -97,3 +98,19 @@ def test_missing_columns_fail_before_any_model_download(tmp_path: Path, capsys: 
     assert re.search(r"Expected columns \[.*'Category'.*'Product Name'.*'description'.*'image'", err)
     assert "--column_mapping" in err
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_recipe_fills_only_unset_flags() -> None:
+    fast = vt.parse_args([])
+    assert (fast.quantization, fast.attn_implementation, fast.gradient_checkpointing) == ("none", "sdpa", False)
+    assert (fast.use_liger_kernel, fast.adapter_dtype) == (True, "bf16")
+    tutorial = vt.parse_args(["--recipe=tutorial"])
+    assert (tutorial.quantization, tutorial.attn_implementation, tutorial.gradient_checkpointing) == (
+        "4bit", "eager", True)
+    assert (tutorial.per_device_train_batch_size, tutorial.gradient_accumulation_steps) == (1, 4)
+    mixed = vt.parse_args(["--recipe=tutorial", "--per_device_train_batch_size=2", "--gradient_checkpointing=false"])
+    assert (mixed.quantization, mixed.per_device_train_batch_size, mixed.gradient_checkpointing) == ("4bit", 2, False)
+    cpu = vt.parse_args(CPU)
+    assert (cpu.use_liger_kernel, cpu.adapter_dtype, cpu.dataloader_num_workers) == (False, "fp32", 0)
+    with pytest.raises(vt.UsageError, match="use_liger_kernel=true needs GPUs"):
+        vt.parse_args([*CPU, "--use_liger_kernel=true"])

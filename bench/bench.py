@@ -81,7 +81,8 @@ TUTORIAL_FLAGS = {
 RECIPES: dict[str, dict[str, Any]] = {
     "tutorial": TUTORIAL_FLAGS,
     "default": {},
-    "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model"},
+    # no backward through SigLIP: LoRA on the language model only, vision tower run without gradients
+    "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model", "per_device_train_batch_size": 32},
     # explicit flags only (after --)
     "custom": {},
 }

@@ -292,6 +292,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
     from transformers import AutoConfig, AutoProcessor
 
     work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", vt.CUDA_ALLOC_CONF)  # as the trainer's workers do
     res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False}
     t0 = time.time()
     try:
@@ -341,6 +342,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
             step_s_mean=tsum / len(timer.step_times),
             step_s_min=min(timer.step_times),
             step_s_max=max(timer.step_times),
+            step_s=[round(t, 3) for t in timer.step_times],
             samples_per_step=samples_per_step,
             samples_per_s=sps,
             tokens_per_s=sps * tokens_per_sample,

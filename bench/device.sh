@@ -3,11 +3,7 @@
 # from ../shared/device/make-bundle.sh) and `.bench/assets.tar.xz` (bench.py prepare, packed) carried.
 #   bench/device.sh RECIPE_SPEC...   where RECIPE_SPEC is "name:recipe[:flag,flag,...]"
 set -euo pipefail
-rm -rf /tmp/site && mkdir -p /tmp/site && tar xJf .whl/site.tar.xz -C /tmp/site
-export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export RAY_TRAIN_ENABLE_PRINT_PATCH=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-mkdir -p .bench && tar xJf .bench/assets.tar.xz -C .bench
+. bench/device_env.sh
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for spec in "$@"; do

@@ -3,6 +3,7 @@
 # summary) on the bench's random 4B model and synthetic rows (bench.py run creates both first).
 #   bench/e2e_ray.sh NUM_WORKERS [extra trainer flags...]
 set -euo pipefail
+. bench/device_env.sh
 n=$1; shift
 W=${BENCH_WORK:-/tmp/gemma3-bench}
 export RAY_AUTH_MODE=disabled  # a private single-machine cluster started by this job

@@ -1,0 +1,9 @@
+# Sourced by the GPU-machine scripts: the package bundle (.whl, from ../shared/device/make-bundle.sh)
+# and the bench assets (.bench/assets.tar.xz, from `bench.py prepare`), both carried by the device tool.
+if [ ! -d /tmp/site/ray ]; then
+  rm -rf /tmp/site && mkdir -p /tmp/site && tar xJf .whl/site.tar.xz -C /tmp/site
+fi
+export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
+export RAY_USAGE_STATS_ENABLED=0 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export RAY_TRAIN_ENABLE_PRINT_PATCH=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+[ -d .bench/assets ] || { mkdir -p .bench && tar xJf .bench/assets.tar.xz -C .bench; }

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,9 @@ def fake_gcs() -> Iterator[str]:
 
     server = FakeGCSServer(host="127.0.0.1")
     server.start()
+    # The wrapper pipes the server's request log to stderr and never reads it: once the pipe is full
+    # the server blocks mid-request. Drain it.
+    threading.Thread(target=lambda: [None for _ in server._process.stderr], daemon=True).start()
     try:
         req = urllib.request.Request(
             f"{server.url}/storage/v1/b?project={FAKE_GCS_PROJECT}",

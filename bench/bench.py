@@ -83,6 +83,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "default": {},
     # no backward through SigLIP: LoRA on the language model only, vision tower run without gradients
     "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model", "per_device_train_batch_size": 32},
+    # the vision tower's encoder layers compiled (static shapes)
+    "default_compile": {"compile_vision": "true"},
     # explicit flags only (after --)
     "custom": {},
 }
@@ -412,9 +414,19 @@ def main() -> None:
     r.add_argument("--out", type=Path, default=None)
     r.add_argument("--smoke", action="store_true", help="CPU check of the script with the tiny demo model")
     r.add_argument("flags", nargs="*", help="extra trainer flags, e.g. --per_device_train_batch_size=12")
+    d = sub.add_parser("data", help="write the random 4B weights and N synthetic rows (for bench/e2e_ray.sh)")
+    d.add_argument("--assets", type=Path, default=ROOT / ".bench" / "assets")
+    d.add_argument("--work", type=Path, default=Path(os.environ.get("BENCH_WORK", "/tmp/gemma3-bench")))
+    d.add_argument("--rows", type=int, required=True)
     a = parser.parse_args()
     if a.cmd == "prepare":
         print(prepare(a.out))
+    elif a.cmd == "data":
+        from transformers import AutoProcessor
+
+        a.work.mkdir(parents=True, exist_ok=True)
+        model_dir = ensure_weights(a.assets, a.work)
+        print(write_dataset(AutoProcessor.from_pretrained(model_dir), a.work, a.rows))
     else:
         res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name)
         sys.exit(0 if res.get("ok") else 1)

@@ -97,6 +97,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": True,
         "adapter_dtype": "bf16",
         "dataloader_num_workers": 4,
+        "compile_vision": False,
     },
     "tutorial": {
         "quantization": "4bit",
@@ -107,13 +108,19 @@ RECIPES: dict[str, dict[str, Any]] = {
         "use_liger_kernel": False,
         "adapter_dtype": "fp32",
         "dataloader_num_workers": 0,
+        "compile_vision": False,
     },
 }
 # GPU micro-batches are padded to a multiple of this many tokens (2% more tokens on average, steadier steps).
 GPU_PAD_MULTIPLE = 16
 # Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
 CUDA_ALLOC_CONF = "expandable_segments:True"
-CPU_OVERRIDES: dict[str, Any] = {"use_liger_kernel": False, "adapter_dtype": "fp32", "dataloader_num_workers": 0}
+CPU_OVERRIDES: dict[str, Any] = {
+    "use_liger_kernel": False,
+    "adapter_dtype": "fp32",
+    "dataloader_num_workers": 0,
+    "compile_vision": False,
+}
 LANGUAGE_MODEL_LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 
@@ -218,6 +225,10 @@ class TrainArguments:
     cache_dir: str | None = field(
         default=None, metadata={"help": "Node-local cache for the model and data (default: the HF cache)."}
     )
+    compile_vision: bool | None = field(
+        default=None,
+        metadata={"help": "torch.compile each SigLIP encoder layer (static shapes: compiles once; GPU)."},
+    )
     dataloader_num_workers: int | None = field(
         default=None,
         metadata={"help": "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU)."},
@@ -320,6 +331,10 @@ def validate_args(args: TrainArguments) -> None:
     need(
         not (args.use_liger_kernel and not args.use_gpu),
         "use_liger_kernel=true needs GPUs (Triton kernels); drop it or set --use_gpu=true",
+    )
+    need(
+        not (args.compile_vision and not args.use_gpu),
+        "compile_vision=true needs GPUs; drop it or set --use_gpu=true",
     )
     need(
         not (args.adapter_dtype == "bf16" and not args.use_gpu),
@@ -993,7 +1008,9 @@ def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool):
         dataloader_pin_memory=args.use_gpu,
         use_liger_kernel=bool(args.use_liger_kernel),
         # Only the layer kernels: TRL's fused LM head already scores just the labelled positions.
-        liger_kernel_config={"rope": True, "rms_norm": True, "geglu": True, "layer_norm": True,
+        liger_kernel_config={"rope": True, "rms_norm": True, "geglu": True,
+                             # compiled vision layers fuse their LayerNorms themselves
+                             "layer_norm": not args.compile_vision,
                              "cross_entropy": False, "fused_linear_cross_entropy": False}
         if args.use_liger_kernel else None,
         report_to=["tensorboard"],
@@ -1049,6 +1066,12 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     # Gemma3ForConditionalGeneration.forward. (Position 0 is `<bos>`, never labelled, so counting over
     # `labels` or `labels[:, 1:]` is the same.)
     trainer.model_accepts_loss_kwargs = True
+    if args.compile_vision:
+        # The vision tower sees one image size, so its layers compile once (and share the compiled code);
+        # the fused elementwise LoRA work (dropout, scaling, adds, casts) is most of the gain.
+        for module in trainer.model.modules():
+            if type(module).__name__ == "SiglipEncoderLayer":
+                module.compile()
     return trainer, processor, stats
 
 

@@ -31,9 +31,11 @@ LOCAL_VALUES = ROOT / "values" / "local.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A loss curve with axes, two series and a legend is tens of KiB; an empty canvas is a few.
 MIN_PNG_BYTES = 10_000
-# The short run: 12 steps with an eval every 4 (three evals) and a checkpoint every 6.
+# The short run: 12 steps with an eval every 4 (three evals) and a checkpoint every 6, on 80 rows
+# (72 train, 8 eval: the evals stay short).
 SHORT_STEPS = 12
 SHORT_SETS = ["training.eval_steps=4", "training.save_steps=6", "training.logging_steps=1"]
+SHORT_ROWS = 80
 DEMO_TIMEOUT_S = 420
 
 
@@ -54,7 +56,7 @@ def _run_demo(out: Path, *extra: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("demo")
-    proc = _run_demo(out, f"--max_steps={SHORT_STEPS}", *(f"--set={s}" for s in SHORT_SETS))
+    proc = _run_demo(out, f"--max_steps={SHORT_STEPS}", f"--rows={SHORT_ROWS}", *(f"--set={s}" for s in SHORT_SETS))
     assert proc.returncode == 0, f"demo failed\nSTDOUT tail:\n{proc.stdout[-4000:]}\nSTDERR tail:\n{proc.stderr[-4000:]}"
     (run_dir,) = [p for p in out.glob("run-*") if p.is_dir()]
     result = json.loads((run_dir / demo_main.RESULT_FILE).read_text())

@@ -246,6 +246,7 @@ def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             head.stop()
+            remove_temp_dir(temp_dir)
             tail = log_path.read_text(errors="replace").splitlines()[-25:]
             hint = ""
             text = "\n".join(tail)
@@ -259,7 +260,7 @@ def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
     head.stop()
     raise DemoError(
         f"the Ray head did not answer at {head.dashboard_url} within {RAY_START_TIMEOUT_S:.0f} s; "
-        f"see {log_path} and {temp_dir}/session_latest/logs"
+        f"see {log_path} and {temp_dir}/session_latest/logs (then remove {temp_dir})"
     )
 
 

@@ -54,6 +54,8 @@ def ray_cluster() -> Iterator[None]:
     """
     import ray
 
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
+                                            "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
@@ -74,6 +76,11 @@ def ray_cluster() -> Iterator[None]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

@@ -144,3 +144,30 @@ def test_jsonl_with_image_paths_and_a_column_mapping(tiny_model, processor, samp
     assert "Describe the " + train[0]["title"] in text and "expert product" not in text
     decoded = Image.open(io.BytesIO((tmp_path / "pics" / "0.png").read_bytes()))
     assert decoded.size[0] > 0
+
+
+def test_gcs_sources_are_fetched_once_and_images_read_lazily(tiny_model, processor, sample_parquet, fake_gcs,
+                                                               tmp_path) -> None:
+    """gs:// data through fake-gcs-server: the jsonl is copied into the node cache once; its relative
+    image paths resolve to gs:// objects that the collator reads only when it builds a batch."""
+    from tests.trainer.conftest import GCS_BUCKET
+
+    store = vt.Storage(root=f"gs://{GCS_BUCKET}/data", emulator_host=fake_gcs)
+    rows = pq.read_table(sample_parquet).to_pylist()[:3]
+    lines = []
+    for i, r in enumerate(rows):
+        store.write_bytes(f"images/{i}.png", r["image"]["bytes"])
+        lines.append(json.dumps({**r, "image": f"images/{i}.png"}))
+    store.write_bytes("rows.jsonl", ("\n".join(lines) + "\n").encode())
+    cache = tmp_path / "cache"
+    args = job_args(tiny_model, f"gs://{GCS_BUCKET}/data/rows.jsonl", cache, "--eval_fraction=0")
+    train, _, collator, stats = vt.prepare_data(args, processor, fake_gcs)
+    assert stats["train_rows"] == 3 and stats["skipped_rows"] == {}
+    assert train[0]["image"] == "images/0.png"  # still a reference, not pixels
+    (marker,) = list(cache.glob("gcs/*/.complete"))
+    stamp = marker.stat().st_mtime_ns
+    vt.load_rows(args, fake_gcs)
+    assert marker.stat().st_mtime_ns == stamp  # the second load reused the node's copy
+    assert not list(cache.glob("gcs/*/images"))  # images were never copied, only read on demand
+    batch = collator([train[0]])
+    assert tuple(batch["pixel_values"].shape[:2]) == (1, 3)

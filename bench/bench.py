@@ -57,7 +57,7 @@ TEXT_CONFIG = dict(
     },
 )
 VISION_CONFIG = dict(
-    model_type="siglip_vision_model", hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+    hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
     num_attention_heads=16, patch_size=14, image_size=IMAGE_SIDE, vision_use_head=False,
 )
 MM_TOKENS_PER_IMAGE = 256
@@ -94,29 +94,9 @@ RECIPES: dict[str, dict[str, Any]] = {
 # prepare (CPU, here): processor and config; the GPU machine has no GGUF package to build them from
 # ------------------------------------------------------------------------------------------------
 def prepare(out: Path) -> Path:
-    from transformers import Gemma3Config, Gemma3ImageProcessorPil, Gemma3Processor
+    from demo.tiny_model import gemma3_processor_and_config
 
-    from demo.tiny_model import GEMMA3_CHAT_TEMPLATE, build_tokenizer
-
-    tokenizer = build_tokenizer()
-    processor = Gemma3Processor(
-        image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE},
-                                                do_pan_and_scan=False),
-        tokenizer=tokenizer,
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        image_seq_length=MM_TOKENS_PER_IMAGE,
-    )
-    config = Gemma3Config(
-        text_config=dict(TEXT_CONFIG),
-        vision_config=dict(VISION_CONFIG),
-        mm_tokens_per_image=MM_TOKENS_PER_IMAGE,
-        image_token_index=tokenizer.image_token_id,
-        boi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.boi_token),
-        eoi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.eoi_token),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"),
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    processor, config = gemma3_processor_and_config(TEXT_CONFIG, VISION_CONFIG, MM_TOKENS_PER_IMAGE)
     target = out / "gemma3-4b"
     target.mkdir(parents=True, exist_ok=True)
     processor.save_pretrained(target)

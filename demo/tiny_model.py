@@ -219,6 +219,36 @@ def build_tokenizer(cache: Path = CACHE):
     return AutoTokenizer.from_pretrained(str(out))
 
 
+def gemma3_processor_and_config(text_config: dict, vision_config: dict, mm_tokens_per_image: int):
+    """A ``Gemma3Processor`` (real tokenizer) and a matching ``Gemma3Config`` for the given shapes.
+
+    Token ids in the config (image soft token, image markers, bos/eos/pad) are read from the tokenizer.
+    Used for the tiny demo model here and for the 4B architecture in ``bench/bench.py``.
+    """
+    from transformers import Gemma3Config, Gemma3ImageProcessorPil, Gemma3Processor
+
+    tokenizer = build_tokenizer()
+    side = vision_config["image_size"]
+    processor = Gemma3Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": side, "width": side}, do_pan_and_scan=False),
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=mm_tokens_per_image,
+    )
+    config = Gemma3Config(
+        text_config=dict(text_config),
+        vision_config=dict(vision_config, model_type="siglip_vision_model"),
+        mm_tokens_per_image=mm_tokens_per_image,
+        image_token_index=tokenizer.image_token_id,
+        boi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.boi_token),
+        eoi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.eoi_token),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return processor, config
+
+
 def build_tiny_gemma3(out_dir: Path | None = None, seed: int = 0) -> Path:
     """Save a tiny ``Gemma3ForConditionalGeneration`` + ``Gemma3Processor`` and return the directory.
 
@@ -226,38 +256,14 @@ def build_tiny_gemma3(out_dir: Path | None = None, seed: int = 0) -> Path:
     ``Gemma3ForConditionalGeneration.from_pretrained``, fully offline.
     """
     import torch
-    from transformers import (
-        Gemma3Config,
-        Gemma3ForConditionalGeneration,
-        Gemma3ImageProcessor,
-        Gemma3Processor,
-    )
+    from transformers import Gemma3ForConditionalGeneration
 
     out = Path(out_dir) if out_dir is not None else CACHE / f"tiny-gemma3-v{RECIPE_VERSION}-seed{seed}"
     with _locked(CACHE / "locks" / f"{out.name}.lock"):
         if (out / "config.json").exists() and (out / "processor_config.json").exists():
             return out
-        tokenizer = build_tokenizer()
-        image_processor = Gemma3ImageProcessor(
-            size={"height": TINY_IMAGE_SIZE, "width": TINY_IMAGE_SIZE},
-            do_pan_and_scan=False,
-        )
-        processor = Gemma3Processor(
-            image_processor=image_processor,
-            tokenizer=tokenizer,
-            chat_template=GEMMA3_CHAT_TEMPLATE,
-            image_seq_length=TINY_MM_TOKENS_PER_IMAGE,
-        )
-        config = Gemma3Config(
-            text_config=dict(TINY_TEXT, vocab_size=GEMMA3_VISION_VOCAB_SIZE),
-            vision_config=dict(TINY_VISION, model_type="siglip_vision_model"),
-            mm_tokens_per_image=TINY_MM_TOKENS_PER_IMAGE,
-            image_token_index=tokenizer.image_token_id,
-            boi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.boi_token),
-            eoi_token_index=tokenizer.convert_tokens_to_ids(tokenizer.eoi_token),
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_turn>"),
-            pad_token_id=tokenizer.pad_token_id,
+        processor, config = gemma3_processor_and_config(
+            dict(TINY_TEXT, vocab_size=GEMMA3_VISION_VOCAB_SIZE), TINY_VISION, TINY_MM_TOKENS_PER_IMAGE
         )
         torch.manual_seed(seed)
         model = Gemma3ForConditionalGeneration(config)

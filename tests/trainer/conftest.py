@@ -21,6 +21,8 @@ for p in (str(ROOT), str(TRAINER)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+# Ray's single-machine switch: "0" keeps every Ray server on the node address (127.0.0.1 here).
+LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_CPUS = 4  # two training workers (1 CPU each) plus Ray Train's controller actors
 GCS_BUCKET = "gemma3-ray-test"
 FAKE_GCS_PROJECT = "test-project"
@@ -55,8 +57,13 @@ def ray_cluster() -> Iterator[None]:
     import ray
 
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
-                                            "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH")}
+                                            "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH",
+                                            LOOPBACK_ONLY_ENV)}
     os.environ["RAY_AUTH_MODE"] = "disabled"
+    # Without this (also set in tests/conftest.py, before `ray` is imported: Ray reads it at import),
+    # Ray 2.60 binds its GCS, raylet and workers on every interface even when told
+    # _node_ip_address=127.0.0.1; test_ray_listens_on_loopback_only checks the sockets.
+    os.environ[LOOPBACK_ONLY_ENV] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
     os.environ["PYTHONPATH"] = os.pathsep.join(

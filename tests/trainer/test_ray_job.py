@@ -158,3 +158,29 @@ def test_resume_drill_on_gcs(local_run, fake_gcs, monkeypatch, tiny_model, data,
     assert summary["newest_checkpoint"] == f"{root}/checkpoints/{ckpts[0]}"
     assert storage.read_bytes("final/adapter_model.safetensors")
     assert json.loads(storage.read_bytes("summary.json")) == summary
+
+
+def test_ray_listens_on_loopback_only(local_run) -> None:
+    """Every socket the session's Ray cluster listens on is bound to 127.0.0.1 (the brief: local Ray only)."""
+    import ipaddress
+    import os
+
+    import psutil
+
+    ray_procs = [p for p in psutil.Process(os.getpid()).children(recursive=True)]
+    assert ray_procs, "the Ray cluster of this session has no processes"
+    listening = []
+    for proc in ray_procs:
+        try:
+            conns = proc.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        listening += [(proc.name(), c.laddr) for c in conns if c.status == psutil.CONN_LISTEN]
+    assert listening, "no listening sockets found for the Ray processes"
+    exposed = []
+    for name, (ip, port) in listening:
+        addr = ipaddress.ip_address(ip)
+        mapped = getattr(addr, "ipv4_mapped", None)
+        if not (addr.is_loopback or (mapped is not None and mapped.is_loopback)):
+            exposed.append(f"{name} {ip}:{port}")
+    assert not exposed, f"Ray listens beyond loopback: {exposed}"

@@ -43,6 +43,19 @@ _G4_GPUS = {48: 1, 96: 2, 192: 4, 384: 8}
 _STANDARD_RE = re.compile(r"^(?P<family>g2|g4)-standard-(?P<vcpus>\d+)$")
 _STANDARD = {"g2": ("nvidia-l4", _G2_GPUS), "g4": ("nvidia-rtx-pro-6000", _G4_GPUS)}
 
+# GPU memory per accelerator label, GB (https://cloud.google.com/compute/docs/gpus).
+GPU_MEMORY_GB = {
+    "nvidia-gb200": 186,
+    "nvidia-b200": 180,
+    "nvidia-h200-141gb": 141,
+    "nvidia-h100-mega-80gb": 80,
+    "nvidia-h100-80gb": 80,
+    "nvidia-a100-80gb": 80,
+    "nvidia-tesla-a100": 40,
+    "nvidia-rtx-pro-6000": 96,
+    "nvidia-l4": 24,
+}
+
 KNOWN_MACHINE_TYPES = sorted(
     [*_FIXED, *(p + f"{n}g" for p in _COUNTED for n in (1, 2, 4, 8))]
     + [f"g2-standard-{v}" for v in _G2_GPUS]

@@ -17,7 +17,7 @@ from ruamel.yaml.comments import CommentedMap
 
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import ConfigError
-from gemma3_ray.machine_shapes import Shape, node_resources
+from gemma3_ray.machine_shapes import GPU_MEMORY_GB, Shape, node_resources
 
 YAML_WIDTH = 4096  # never fold long strings: folding would make the output depend on line lengths
 
@@ -66,12 +66,34 @@ def owned_values(dep: Deployment) -> list[Value]:
             for kind in ("requests", "limits"):
                 res[kind] = CommentedMap([("cpu", str(cpu)), ("memory", memory)])
             out.append(Value(("workers", "resources"), res, f"fits one {shape.machine_type} node next to GKE's system pods"))
+        out += training_for_gpu(shape.accelerator)
     if dep.reservation:
         out += [
             Value(("capacity", "type"), "reservation", "GPU workers consume the reservation"),
             Value(("capacity", "reservation"), dep.reservation, "reservation name (or projects/P/reservations/N)"),
         ]
     return out
+
+
+# The trainer's fast recipe (batch 12) peaks at 108 GiB per GPU on Gemma 3 4B, batch 8 at 71 GiB
+# (bench/RESULTS.md, H200). Smaller GPUs get a smaller batch, or the tutorial's 4-bit recipe.
+FAST_RECIPE_MIN_GB = 140
+FAST_RECIPE_SMALL_BATCH = 6  # 80-96 GB GPUs: headroom under the 71 GiB measured at batch 8
+FAST_RECIPE_SMALL_MIN_GB = 80
+
+
+def training_for_gpu(accelerator: str) -> list[Value]:
+    """Trainer flags that make the default model fit the GPU (nothing for GPUs of 140 GB and more)."""
+    memory = GPU_MEMORY_GB.get(accelerator)
+    if memory is None or memory >= FAST_RECIPE_MIN_GB:
+        return []
+    if memory >= FAST_RECIPE_SMALL_MIN_GB:
+        return [Value(("training", "per_device_train_batch_size"), FAST_RECIPE_SMALL_BATCH,
+                      f"{accelerator} ({memory} GB): the fast recipe at batch {FAST_RECIPE_SMALL_BATCH} "
+                      "(its default 12 needs ~108 GiB on Gemma 3 4B; bench/RESULTS.md)")]
+    return [Value(("training", "recipe"), "tutorial",
+                  f"{accelerator} ({memory} GB): the tutorial's QLoRA recipe (4-bit, checkpointing, batch 1 x 4) fits; "
+                  "the fast recipe needs ~71-108 GiB on Gemma 3 4B (bench/RESULTS.md)")]
 
 
 def header(dep: Deployment) -> str:

@@ -94,6 +94,21 @@ def test_every_machine_shape_renders(machine: str, gcloud_home: GcloudHome, tmp_
     rendered = json.dumps(_find(docs, "RayJob"))
     assert f'"nvidia.com/gpu": {shape.gpus_per_node}' in rendered
     assert shape.accelerator in rendered and "h-res" in rendered
+    # The default model fits the GPU: fast recipe at full batch on >= 140 GB, a smaller batch on 80 GB,
+    # the tutorial's 4-bit recipe on a 24 GB L4 — in the RayJob the chart renders.
+    entry = _find(docs, "RayJob")["spec"]["entrypoint"]
+    memory = machine_shapes.GPU_MEMORY_GB[shape.accelerator]
+    if memory >= 140:
+        assert "--per_device_train_batch_size" not in entry and "--recipe" not in entry
+    elif memory >= 80:
+        assert "--per_device_train_batch_size=6" in entry and "--recipe" not in entry
+    else:
+        assert "--recipe=tutorial" in entry
+
+
+def test_every_known_accelerator_has_a_memory_size() -> None:
+    accelerators = {machine_shapes.shape_for_machine_type(m).accelerator for m in machine_shapes.KNOWN_MACHINE_TYPES}
+    assert accelerators <= set(machine_shapes.GPU_MEMORY_GB)
 
 
 def test_kube_context_wins_over_gcloud_and_flags_win_over_both(

@@ -47,9 +47,10 @@ $(CHECKOV_VENV)/.stamp:
 	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
 	@touch $@
 
-sync-trainer:  ## copy trainer/ into the chart (the chart ships a self-contained copy)
+sync-trainer:  ## copy trainer/ into the chart, and its flags into the chart's `training:` schema
 	rm -rf $(CHART)/files/trainer && mkdir -p $(CHART)/files/trainer
 	cp trainer/*.py trainer/requirements.txt $(CHART)/files/trainer/
+	$(PY) scripts/sync_trainer_schema.py
 
 lint: setup  ## ruff
 	$(PY) -m ruff check .

@@ -42,3 +42,27 @@ def test_trainer_rejects_what_the_chart_must_never_render(trainer: ModuleType) -
         trainer.parse_args(["--num_worker=2"])
     with pytest.raises(trainer.UsageError):
         trainer.parse_args(["--use_gpu=false", "--quantization=4bit"])
+
+
+def test_training_schema_is_generated_from_the_trainer_flags() -> None:
+    """values.schema.json's `training` lists exactly the trainer's flags (make sync-trainer keeps it so)."""
+    import json
+    import subprocess
+
+    root = CHART.parents[1]
+    check = subprocess.run([sys.executable, str(root / "scripts" / "sync_trainer_schema.py"), "--check"],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["training"]
+    assert schema["additionalProperties"] is False
+    trainer_flags = set(_flag_names(root / "trainer" / "vision_train.py"))
+    derived = {name for name, prop in schema["properties"].items() if "not" in prop}
+    assert set(schema["properties"]) - derived == trainer_flags - derived
+
+
+def _flag_names(path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainArguments")
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]

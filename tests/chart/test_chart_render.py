@@ -141,7 +141,10 @@ def test_runtime_env_pip_list_equals_the_pins(renders: dict[str, Render]) -> Non
         assert env["pip"]["packages"] == expected, name
     extras = yaml.safe_load(renders["token-extras-values.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])
     assert extras["pip"]["packages"] == [*expected, "wandb==0.19.0"]
-    assert extras["env_vars"] == {"NCCL_DEBUG": "WARN"}
+    # user envVars merge over the chart's default (which keeps Ray Train from printing every line twice)
+    assert extras["env_vars"] == {"NCCL_DEBUG": "WARN", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    plain = yaml.safe_load(renders["tutorial.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])
+    assert plain["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
 
 def test_image_tag_overrides_per_group(render: Callable[..., Render]) -> None:

@@ -1027,6 +1027,45 @@ def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool):
     )
 
 
+def token_mean_eval(trainer_cls):
+    """`trainer_cls` whose eval loss is the mean over every labelled eval token on all workers.
+
+    Trainer's own `eval_loss` averages per-batch token means (weighted by rows), which over-weights
+    short answers. TRL's fused LM head returns per-token log-probabilities and the label mask; a forward
+    hook sums them per row during evaluation, `gather_for_metrics` collects the rows of every worker
+    (dropping the rows the sampler repeats to even out the last batch), and the loss is recomputed from
+    the token totals.
+    """
+    import torch
+
+    class TokenMeanEval(trainer_cls):
+        def evaluation_loop(self, *args, **kwargs):
+            prefix = kwargs.get("metric_key_prefix", "eval")
+            rows: list[tuple[Any, Any]] = []
+
+            def keep(_module, _inputs, output) -> None:
+                log_probs = getattr(output, "log_probs", None)
+                mask = getattr(output, "label_mask", None)
+                if log_probs is None or mask is None:
+                    return  # not the fused forward (e.g. a logits-only pass)
+                nll = -log_probs.detach().float().sum(dim=1)
+                rows.append(self.accelerator.gather_for_metrics((nll, mask.sum(dim=1).float())))
+
+            handle = self.model.register_forward_hook(keep)
+            try:
+                output = super().evaluation_loop(*args, **kwargs)
+            finally:
+                handle.remove()
+            if rows:
+                nll = torch.cat([r[0] for r in rows]).sum()
+                tokens = torch.cat([r[1] for r in rows]).sum()
+                output.metrics[f"{prefix}_loss"] = float(nll / tokens.clamp(min=1))
+            return output
+
+    TokenMeanEval.__name__ = TokenMeanEval.__qualname__ = f"TokenMeanEval{trainer_cls.__name__}"
+    return TokenMeanEval
+
+
 def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device, emulator_host: str | None,
                   callbacks: list | None = None):
     """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests)."""
@@ -1050,7 +1089,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
 
         model = get_peft_model(model, peft_config, autocast_adapter_dtype=False)
         peft_config = None
-    trainer = SFTTrainer(
+    trainer = token_mean_eval(SFTTrainer)(
         model=model,
         args=sft_config(args, local_dir, evaluation is not None),
         data_collator=collator,

@@ -28,6 +28,7 @@ FAULT_AT_STEP = 3  # between the checkpoints of steps 2 and 4
 LOSS_RTOL = 1e-4
 RESUME_ATOL = 1e-5
 MIN_LOSS_DROP = 0.2
+EVAL_TEST_STEPS = 6
 
 
 def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_steps: int) -> list[str]:
@@ -131,6 +132,41 @@ def test_logged_loss_is_the_true_token_mean(local_run, tiny_model, processor, da
     logged = local_run["metrics"][0]
     assert logged["step"] == 1 and logged["kind"] == "train"
     assert logged["loss"] == pytest.approx(expected, rel=LOSS_RTOL)
+
+
+def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, data, cache_dir,
+                                          tmp_path: Path) -> None:
+    """The eval loss (4 held-out rows with answers of different lengths, eval batches of 1 row on each of
+    2 workers) equals the mean cross-entropy over every answer token of the eval split under the final
+    weights, computed here independently with the merged model the job wrote. Trainer's own mean of
+    per-batch means would differ."""
+    from transformers import AutoModelForImageTextToText
+
+    storage = tmp_path / "storage"
+    # Some steps with trainable embeddings, so the rows' losses drift apart (a random model scores every
+    # token about ln(vocab)) and the two averages differ clearly.
+    flags = [*job_flags(tiny_model, data, cache_dir, str(storage), EVAL_TEST_STEPS),
+             "--per_device_train_batch_size=1", "--gradient_accumulation_steps=1", "--eval_fraction=0.4",
+             f"--save_steps={EVAL_TEST_STEPS}", "--train_embeddings=true", "--merge_adapter=true"]
+    summary = vt.main(flags)
+    args = vt.parse_args(flags)
+    _, evaluation, collator, _ = vt.prepare_data(args, processor, None)
+    merged = AutoModelForImageTextToText.from_pretrained(str(storage / vt.MERGED_DIR), dtype=torch.float32).eval()
+    total, counts, row_means = 0.0, [], []
+    with torch.no_grad():
+        for row in evaluation:
+            batch = collator([row])
+            labels = batch.pop("labels")
+            logits = merged(**batch).logits[0, :-1].double()
+            target = labels[0, 1:]
+            keep = target != vt.LABEL_IGNORE
+            row_nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum").item()
+            total += row_nll
+            counts.append(int(keep.sum()))
+            row_means.append(row_nll / counts[-1])
+    token_mean, mean_of_means = total / sum(counts), sum(row_means) / len(row_means)
+    assert len(counts) == 4 and token_mean != pytest.approx(mean_of_means, rel=3 * LOSS_RTOL)  # they differ beyond the tolerance
+    assert summary["final_eval_loss"] == pytest.approx(token_mean, rel=LOSS_RTOL)
 
 
 def test_resume_drill_on_gcs(local_run, fake_gcs, monkeypatch, tiny_model, data, cache_dir) -> None:

@@ -108,25 +108,32 @@ def test_outputs_land_where_the_contract_says(local_run, tiny_model) -> None:
         str(tiny_model)).state_dict()[name])
 
 
-def test_logged_loss_is_the_true_token_mean(local_run, tiny_model, processor, data, cache_dir) -> None:
-    """Step 1's logged loss (2 workers x 2 accumulation steps, micro-batches with different numbers of
-    answer tokens) equals the mean cross-entropy over every answer token of the training set, computed
-    here independently with the untrained model (LoRA starts as the identity)."""
+def answer_token_nll(model_dir: Path, rows, collator) -> list[tuple[float, int]]:
+    """Independently of the trainer: (summed cross-entropy, token count) of each row's labelled tokens."""
     from transformers import AutoModelForImageTextToText
 
-    args = vt.parse_args(job_flags(tiny_model, data, cache_dir, "unused", MAX_STEPS))
-    train, _, collator, _ = vt.prepare_data(args, processor, None)
-    model = AutoModelForImageTextToText.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
-    total, counts = 0.0, []
+    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    out = []
     with torch.no_grad():
-        for row in train:
+        for row in rows:
             batch = collator([row])
             labels = batch.pop("labels")
             logits = model(**batch).logits[0, :-1].double()
             target = labels[0, 1:]
             keep = target != vt.LABEL_IGNORE
-            total += torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum").item()
-            counts.append(int(keep.sum()))
+            nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum").item()
+            out.append((nll, int(keep.sum())))
+    return out
+
+
+def test_logged_loss_is_the_true_token_mean(local_run, tiny_model, processor, data, cache_dir) -> None:
+    """Step 1's logged loss (2 workers x 2 accumulation steps, micro-batches with different numbers of
+    answer tokens) equals the mean cross-entropy over every answer token of the training set, computed
+    here independently with the untrained model (LoRA starts as the identity)."""
+    args = vt.parse_args(job_flags(tiny_model, data, cache_dir, "unused", MAX_STEPS))
+    train, _, collator, _ = vt.prepare_data(args, processor, None)
+    per_row = answer_token_nll(tiny_model, train, collator)
+    total, counts = sum(n for n, _ in per_row), [c for _, c in per_row]
     assert len(set(counts)) > 1  # unequal token counts: a mean of per-batch means would differ
     expected = total / sum(counts)
     logged = local_run["metrics"][0]
@@ -140,8 +147,6 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     2 workers) equals the mean cross-entropy over every answer token of the eval split under the final
     weights, computed here independently with the merged model the job wrote. Trainer's own mean of
     per-batch means would differ."""
-    from transformers import AutoModelForImageTextToText
-
     storage = tmp_path / "storage"
     # Some steps with trainable embeddings, so the rows' losses drift apart (a random model scores every
     # token about ln(vocab)) and the two averages differ clearly.
@@ -151,19 +156,9 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     summary = vt.main(flags)
     args = vt.parse_args(flags)
     _, evaluation, collator, _ = vt.prepare_data(args, processor, None)
-    merged = AutoModelForImageTextToText.from_pretrained(str(storage / vt.MERGED_DIR), dtype=torch.float32).eval()
-    total, counts, row_means = 0.0, [], []
-    with torch.no_grad():
-        for row in evaluation:
-            batch = collator([row])
-            labels = batch.pop("labels")
-            logits = merged(**batch).logits[0, :-1].double()
-            target = labels[0, 1:]
-            keep = target != vt.LABEL_IGNORE
-            row_nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum").item()
-            total += row_nll
-            counts.append(int(keep.sum()))
-            row_means.append(row_nll / counts[-1])
+    per_row = answer_token_nll(storage / vt.MERGED_DIR, evaluation, collator)
+    total, counts = sum(n for n, _ in per_row), [c for _, c in per_row]
+    row_means = [n / c for n, c in per_row]
     token_mean, mean_of_means = total / sum(counts), sum(row_means) / len(row_means)
     assert len(counts) == 4 and token_mean != pytest.approx(mean_of_means, rel=3 * LOSS_RTOL)  # they differ beyond the tolerance
     assert summary["final_eval_loss"] == pytest.approx(token_mean, rel=LOSS_RTOL)

@@ -19,12 +19,12 @@ export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup tools venv checkov sync-trainer test lint demo prereqs bench clean
+.PHONY: help setup tools venv checkov apt-packages sync-trainer test lint demo prereqs bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
-setup: tools venv checkov  ## install everything tests and the demo need (project-local, idempotent)
+setup: tools venv checkov apt-packages  ## install everything tests and the demo need (project-local, idempotent)
 
 tools: $(TOOLS)/bin/helm  ## pinned Helm 4 and Helm 3 into .tools/bin (sha256-verified)
 $(TOOLS)/bin/helm: scripts/install-tools.sh
@@ -46,6 +46,17 @@ $(CHECKOV_VENV)/.stamp:
 	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
 	$(CHECKOV_VENV)/bin/pip install -q checkov==$(CHECKOV_VERSION)
 	@touch $@
+
+# Debian packages the tests run: etcd-server for the real kube-apiserver of tests/lifecycle
+# (../shared/kube-apiserver). apt-get runs only when one is missing.
+APT_PACKAGES := etcd-server
+apt-packages:  ## Debian packages the tests need (apt-get install only what is missing)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "apt-get install $$missing"; \
+	  $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
+	fi
 
 sync-trainer:  ## copy trainer/ into the chart, and its flags into the chart's `training:` schema
 	rm -rf $(CHART)/files/trainer && mkdir -p $(CHART)/files/trainer

@@ -31,6 +31,12 @@ JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 JSON_MAP_FLAGS = {"column_mapping"}
 # Flags that must name something.
 NON_EMPTY_FLAGS = {"model_id", "dataset_name"}
+# `helm --set` passes floats (and --set-string any number) as strings: a numeric flag also accepts
+# the text of a number, which the chart renders verbatim, so it reaches the trainer unchanged.
+NUMBER_TEXT = {
+    int: r"^[-+]?[0-9]+$",
+    float: r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$",
+}
 
 
 def _load_trainer() -> types.ModuleType:
@@ -51,8 +57,10 @@ def _property(name: str, annotation: Any, help_text: str) -> dict[str, Any]:
     elif name in JSON_MAP_FLAGS:
         prop["type"] = ["object", "string"]
         prop["additionalProperties"] = {"type": "string"}
+    elif base in NUMBER_TEXT:
+        # Helm reads whole YAML numbers as integers: a float flag accepts both ("number").
+        prop["anyOf"] = [{"type": JSON_TYPES[base]}, {"type": "string", "pattern": NUMBER_TEXT[base]}]
     elif base in JSON_TYPES:
-        # Helm reads whole YAML numbers as integers: a float flag accepts both.
         prop["type"] = JSON_TYPES[base]
     else:
         raise TypeError(f"{name}: no JSON schema type for {annotation!r}")

@@ -110,7 +110,7 @@ def test_tutorial_values_reproduce_the_tutorial_shape(renders: dict[str, Render]
     r = renders["tutorial.yaml"]
     spec = r.one("RayCluster")["spec"]
     head = spec["headGroupSpec"]
-    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0"}
+    assert head["rayStartParams"] == {"dashboard-host": "0.0.0.0", "dashboard-port": "8265"}
     assert head["serviceType"] == "ClusterIP"
     (hc,) = head["template"]["spec"]["containers"]
     assert hc["resources"]["requests"] == {"cpu": "24", "memory": "64Gi", "ephemeral-storage": "9Gi"}

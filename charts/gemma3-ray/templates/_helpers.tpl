@@ -229,9 +229,13 @@ sorted order, each as one shell-quoted --key=value word.
 {{- end -}}
 
 {{- define "gemma3-ray.runtimeEnv" -}}
+{{- range $i, $p := .Values.rayJob.runtimeEnv.extraPip -}}
+{{- include "gemma3-ray.checkRuntimeEnvText" (dict "key" (printf "rayJob.runtimeEnv.extraPip[%d]" $i) "text" $p) -}}
+{{- end -}}
 {{- $pip := concat (include "gemma3-ray.pipPackages" . | fromJsonArray) .Values.rayJob.runtimeEnv.extraPip -}}
 {{- $env := dict -}}
 {{- range $k, $v := .Values.rayJob.runtimeEnv.envVars -}}
+{{- include "gemma3-ray.checkRuntimeEnvText" (dict "key" (printf "rayJob.runtimeEnv.envVars.%s" $k) "text" (toString $v)) -}}
 {{- $_ := set $env $k (toString $v) -}}
 {{- end -}}
 {{- $re := dict "pip" (dict "packages" $pip "pip_check" false) -}}
@@ -239,6 +243,28 @@ sorted order, each as one shell-quoted --key=value word.
 {{- $_ := set $re "env_vars" $env -}}
 {{- end -}}
 {{- toYaml $re -}}
+{{- end -}}
+
+{{/*
+The head's `ray start` parameters: head.rayStartParams plus dashboard-port from
+service.dashboardPort. KubeRay maps the head container's ports to its Service as given and leaves
+`ray start`'s own ports to rayStartParams, so the two must name the same port.
+*/}}
+{{- define "gemma3-ray.headRayStartParams" -}}
+{{- $p := deepCopy .Values.head.rayStartParams -}}
+{{- $_ := set $p "dashboard-port" (toString (int .Values.service.dashboardPort)) -}}
+{{- toYaml $p -}}
+{{- end -}}
+
+{{/*
+Text that reaches KubeRay's submitter inside the runtime env JSON: KubeRay passes it as one
+double-quoted bash word (`--runtime-env-json "<Go strconv.Quote of the JSON>"`), where bash still
+expands $ and `. Arguments: dict "key" <field path> "text" <text>.
+*/}}
+{{- define "gemma3-ray.checkRuntimeEnvText" -}}
+{{- if regexMatch "[$`]" .text -}}
+{{- fail (printf "%s: the value contains $ or `, which the KubeRay submitter's shell would expand (the runtime env reaches `bash -c` inside double quotes); remove them" .key) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- scheduling */}}

@@ -149,7 +149,7 @@ autoscalerOptions:
 headGroupSpec:
   serviceType: ClusterIP
   rayStartParams:
-    {{- toYaml $v.head.rayStartParams | nindent 4 }}
+    {{- include "gemma3-ray.headRayStartParams" . | nindent 4 }}
   template:
     {{- include "gemma3-ray.podTemplate" (dict "root" . "role" "head") | nindent 4 }}
 workerGroupSpecs:

@@ -131,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The commands that talk to Google Cloud and the cluster (defined in their own modules)."""
-    from gemma3_ray import commands
+    from gemma3_ray import commands, gke_commands
 
     commands.register(sub, _add_common)
+    gke_commands.register(sub, _add_common)
 
 
 def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:

@@ -183,10 +183,13 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
 
 
 def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
+    from gemma3_ray import doctor_gke
+
     names.project_id(dep.project)
     return [
         check_auth(dep, clients),
         check_context(dep, kube),
+        *doctor_gke.checks(dep, clients, values),
         *check_crds(kube, values),
         check_hf_secret(dep, kube),
         check_bucket(dep, clients),

@@ -84,6 +84,19 @@ ROLE_FOR_PERMISSION: dict[str, str] = {
     "serviceusage.services.enable": "roles/serviceusage.serviceUsageAdmin",
     "compute.reservations.get": "roles/compute.viewer",
     "container.clusters.get": "roles/container.clusterViewer",
+    # cluster create/delete (gke_cluster), image build (image_build, artifact_registry)
+    "container.operations.get": "roles/container.clusterViewer",
+    "container.clusters.create": "roles/container.clusterAdmin",
+    "container.clusters.update": "roles/container.clusterAdmin",
+    "container.clusters.delete": "roles/container.clusterAdmin",
+    "cloudbuild.builds.create": "roles/cloudbuild.builds.editor",
+    "cloudbuild.builds.get": "roles/cloudbuild.builds.viewer",
+    "artifactregistry.repositories.get": "roles/artifactregistry.reader",
+    "artifactregistry.repositories.create": "roles/artifactregistry.admin",
+    "artifactregistry.repositories.getIamPolicy": "roles/artifactregistry.admin",
+    "artifactregistry.repositories.setIamPolicy": "roles/artifactregistry.admin",
+    "artifactregistry.tags.get": "roles/artifactregistry.reader",
+    "storage.objects.create": "roles/storage.objectCreator",
 }
 
 # "Permission 'x.y.z' denied" (IAM, GCS) and "does not have x.y.z access" (GCS); the generic pattern
@@ -91,7 +104,7 @@ ROLE_FOR_PERMISSION: dict[str, str] = {
 _PERMISSION_RES = (
     re.compile(r"Permission '([a-z]+\.[A-Za-z]+\.[A-Za-z]+)'"),
     re.compile(r"does not have ([a-z]+\.[A-Za-z]+\.[A-Za-z]+) access"),
-    re.compile(r"(?<![@\w.])((?:storage|iam|serviceusage|compute|container|resourcemanager)\.(?!gserviceaccount\b)"
+    re.compile(r"(?<![@\w.])((?:storage|iam|serviceusage|compute|container|resourcemanager|cloudbuild|artifactregistry)\.(?!gserviceaccount\b)"
                r"[A-Za-z]+\.[A-Za-z]+)\b"),
 )
 _DISABLED_RE = re.compile(r"([a-z0-9-]+\.googleapis\.com)")

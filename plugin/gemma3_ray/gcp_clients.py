@@ -30,6 +30,10 @@ class Clients:
     service_usage: Any = None
     reservations: Any = None
     core_v1: Any = None
+    container: Any = None
+    resource_manager: Any = None
+    cloud_build: Any = None
+    artifact_registry: Any = None
     _credentials: Any = field(default=None, repr=False)
 
     def credentials(self) -> Any:
@@ -64,3 +68,32 @@ class Clients:
 
             self.reservations = compute_v1.ReservationsClient(credentials=self.credentials())
         return self.reservations
+
+    # -- GKE, the permission preflight and the image build (gke_cluster, iam_preflight, image_build) --
+    def get_container(self) -> Any:
+        if self.container is None:
+            from google.cloud import container_v1
+
+            self.container = container_v1.ClusterManagerClient(credentials=self.credentials())
+        return self.container
+
+    def get_resource_manager(self) -> Any:
+        if self.resource_manager is None:
+            from google.cloud import resourcemanager_v3
+
+            self.resource_manager = resourcemanager_v3.ProjectsClient(credentials=self.credentials())
+        return self.resource_manager
+
+    def get_cloud_build(self) -> Any:
+        if self.cloud_build is None:
+            from google.cloud.devtools import cloudbuild_v1
+
+            self.cloud_build = cloudbuild_v1.CloudBuildClient(credentials=self.credentials())
+        return self.cloud_build
+
+    def get_artifact_registry(self) -> Any:
+        if self.artifact_registry is None:
+            from google.cloud import artifactregistry_v1
+
+            self.artifact_registry = artifactregistry_v1.ArtifactRegistryClient(credentials=self.credentials())
+        return self.artifact_registry

@@ -13,6 +13,8 @@ from gemma3_ray.gcp_clients import Clients
 from kubernetes import client
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
+from tests.plugin.container_fakes import FakeContainer
+from tests.plugin.driver_maps import driver_maps  # noqa: F401 - fixture
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 from tests.plugin.kube_fakes import FakeApiExtensions, FakeCore, crd_manifest
 
@@ -75,12 +77,17 @@ def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) 
         assert "rayTokenAuth (needs KubeRay 1.5.1+; set it to false)" in detail
 
 
+@pytest.mark.usefixtures("driver_maps")
 def test_doctor_explains_each_failure_and_passes_once_fixed(
     gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
 ) -> None:
+    from gemma3_ray import gke_cluster
+
     dep = resolve(Overrides(project=PROJECT, region=REGION, namespace="ml", cluster="trainers"), None, None)
+    container = FakeContainer(PROJECT)
+    container.ready(REGION, gke_cluster.desired_cluster(gke_cluster.ClusterSpec(PROJECT, REGION, "trainers")))
     clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam,
-                      service_usage=fake_usage, _credentials=object())
+                      service_usage=fake_usage, container=container, _credentials=object())
     core = FakeCore()
     kube = doctor.Kube(core=core, api_ext=FakeApiExtensions(), context=f"gke_{PROJECT}_{REGION}_trainers")
     failing = {c.name: c for c in doctor.run_checks(dep, clients, kube) if not c.ok}

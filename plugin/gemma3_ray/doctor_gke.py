@@ -1,0 +1,97 @@
+"""doctor's GKE checks: the cluster exists, its Ray operator add-on and workload pool, and whether the
+GPU driver its nodes get satisfies the pinned torch (a warning, with the fix)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.cloud import container_v1 as gke
+
+from gemma3_ray import gke_cluster, gpu_driver
+from gemma3_ray.deployment import Deployment
+from gemma3_ray.doctor import Check
+from gemma3_ray.errors import UserError
+from gemma3_ray.gcp_clients import Clients
+
+DriverVersion = gke.GPUDriverInstallationConfig.GPUDriverVersion
+CHART_DRIVER_DEFAULT = "latest"  # the chart's workers.gpuDriverVersion default
+
+
+@dataclass(frozen=True)
+class Warning_(Check):
+    """Passes (does not fail doctor) but is shown as a warning."""
+
+    def line(self) -> str:
+        return f"[warn] {self.name}: {self.detail}"
+
+
+def _driver_check(name: str, gke_version: str, accelerator: str, label: str,
+                  fetch: Callable[[str], str] | None) -> Check:
+    need = gpu_driver.requirement()
+    if need is None:
+        return Check(name, True, "no torch pin with a known CUDA build to check the driver against")
+    label = label.upper()
+    if label in {"", "GPU_DRIVER_VERSION_UNSPECIFIED", "INSTALLATION_DISABLED"}:
+        return Warning_(name, True, f"GKE does not install the driver here ({label or 'unset'}): the one you install must "
+                        f"be >= {need.min_driver} ({need.text()}); or recreate the pool with gpu-driver-version=latest")
+    resolved = gpu_driver.resolve(gke_version, accelerator, label, fetch)
+    if resolved.major is None:
+        return Warning_(name, True, f"could not tell which driver {label} gives ({resolved.how}); {need.text()}: check "
+                        "`nvidia-smi` on a node, and prefer LATEST")
+    if resolved.major >= need.min_driver:
+        return Check(name, True, f"driver {resolved.version} ({resolved.how}) satisfies {need.text()}")
+    fix = "use LATEST (workers.gpuDriverVersion: latest, or the pool's gpu-driver-version=latest)" if label != "LATEST" \
+        else "upgrade the cluster to a GKE version whose LATEST driver is new enough"
+    return Warning_(name, True, f"driver {resolved.version} ({resolved.how}) is below what {need.text()}: {fix}")
+
+
+def driver_checks(cluster: gke.Cluster, values: dict[str, Any] | None,
+                  fetch: Callable[[str], str] | None = None) -> list[Check]:
+    """One check per GPU node pool (Standard), or for the chart's workers (Autopilot)."""
+    version = cluster.current_node_version or cluster.current_master_version
+    if cluster.autopilot.enabled:
+        workers = (values or {}).get("workers") or {}
+        accelerator = workers.get("accelerator") or "nvidia-b200"  # the chart's default
+        if accelerator == "none":
+            return []
+        label = str(workers.get("gpuDriverVersion", CHART_DRIVER_DEFAULT) or "")
+        return [_driver_check(f"GPU driver ({accelerator}, Autopilot)", version, accelerator, label, fetch)]
+    out = []
+    for pool in cluster.node_pools:
+        for accel in pool.config.accelerators:
+            setting = DriverVersion(accel.gpu_driver_installation_config.gpu_driver_version).name
+            out.append(_driver_check(f"GPU driver (node pool {pool.name})", pool.version or version,
+                                     accel.accelerator_type, setting, fetch))
+    return out
+
+
+def checks(dep: Deployment, clients: Clients, values: dict[str, Any] | None = None,
+           fetch: Callable[[str], str] | None = None) -> list[Check]:
+    name = "GKE cluster"
+    spec = gke_cluster.spec_from(dep, standard=False)
+    if not dep.cluster:
+        return [Check(name, False, "no cluster named (no GKE kube context, no --cluster): create one with "
+                      "`gemma3-ray cluster create`, or pass --cluster")]
+    try:
+        cluster = gke_cluster.get(clients.get_container(), spec)
+    except UserError as exc:
+        return [Check(name, False, str(exc))]
+    if cluster is None:
+        return [Check(name, False, f"{spec.path} does not exist: run `gemma3-ray cluster create` (plan) and "
+                      "`gemma3-ray cluster create --apply`")]
+    state = gke.Cluster.Status(cluster.status).name
+    out = [Check(name, cluster.status == gke.Cluster.Status.RUNNING,
+                 f"{spec.name} in {cluster.location}: {state}, GKE {cluster.current_master_version}")]
+    missing = [g for g in gke_cluster.gaps(cluster, spec) if g != "Workload Identity"]
+    out.append(Check("Ray operator add-on", not missing,
+                     "enabled, with Ray cluster logging and monitoring" if not missing else
+                     f"{', '.join(missing)} off: run `gemma3-ray cluster create --apply --cluster {spec.name}` "
+                     "(it only enables what is missing)"))
+    pool = cluster.workload_identity_config.workload_pool
+    out.append(Check("Workload pool", pool == spec.workload_pool, f"{pool}" if pool == spec.workload_pool else
+                     f"{pool or 'none'} (want {spec.workload_pool}): Workload Identity is off, so the Ray pods cannot act "
+                     f"as the Google service account; run `gemma3-ray cluster create --apply --cluster {spec.name}`"))
+    out += driver_checks(cluster, values, fetch)
+    return out

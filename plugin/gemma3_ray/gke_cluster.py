@@ -1,0 +1,340 @@
+"""The GKE cluster the chart runs on, through the Container API: plan, create (or complete), delete.
+
+The default is the tutorial's Autopilot cluster (``gcloud container clusters create-auto
+--enable-ray-operator --enable-ray-cluster-logging --enable-ray-cluster-monitoring``): the Ray
+operator add-on with Ray cluster logging and monitoring, and Workload Identity, in the region of the
+deployment (the reservation's). ``standard=True`` makes a Standard cluster instead: a CPU pool for
+the Ray head and a GPU node pool of the machine shape, with GKE's driver installation (LATEST) and,
+given a reservation, affinity to that specific reservation in its zone.
+
+``plan()`` makes only read calls. Create, update and delete are long-running operations: each is
+polled until DONE, with its progress printed, and an error inside a finished operation is an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import container_v1 as gke
+
+from gemma3_ray import names
+from gemma3_ray.deployment import Deployment
+from gemma3_ray.errors import ClusterError, MissingSetting, UserError, translate
+from gemma3_ray.prereqs import Action, Plan
+
+DEFAULT_CLUSTER = names.PRODUCT
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # GKE's key for a specific reservation
+# The Standard cluster's CPU pool holds the Ray head: the chart's head asks 24 CPU / 64Gi.
+DEFAULT_CPU_MACHINE_TYPE = "e2-standard-32"
+GPU_POOL = "gpu-pool"
+CPU_POOL = "cpu-pool"
+RELEASE_CHANNEL = gke.ReleaseChannel.Channel.REGULAR  # create-auto's default channel
+POLL_INTERVAL_S = 10.0
+OPERATION_TIMEOUT_S = 3600.0
+PROGRESS_EVERY_S = 60.0  # a progress line at least this often while an operation runs
+
+PERMISSIONS = {
+    "create": ("container.clusters.get", "container.clusters.create", "container.clusters.update",
+               "container.operations.get"),
+    "delete": ("container.clusters.get", "container.clusters.delete", "container.operations.get"),
+}
+_BAD_STATES = {gke.Cluster.Status.ERROR, gke.Cluster.Status.STOPPING, gke.Cluster.Status.DEGRADED}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    project: str
+    region: str
+    name: str
+    standard: bool = False
+    machine_type: str | None = None
+    accelerator: str | None = None
+    gpus_per_node: int = 0
+    gpu_nodes: int = 1
+    zone: str | None = None
+    reservation: str | None = None
+    cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE
+
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.project}/locations/{self.region}"
+
+    @property
+    def path(self) -> str:
+        return f"{self.parent}/clusters/{self.name}"
+
+    @property
+    def workload_pool(self) -> str:
+        return f"{self.project}.svc.id.goog"
+
+    @property
+    def kind(self) -> str:
+        return "Standard" if self.standard else "Autopilot"
+
+    def credentials_command(self) -> str:
+        return f"gcloud container clusters get-credentials {self.name} --location {self.region} --project {self.project}"
+
+
+def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE) -> ClusterSpec:
+    """The cluster of a deployment; a Standard one needs the GPU machine shape and the zone of its pool."""
+    name = dep.cluster or DEFAULT_CLUSTER
+    shape = dep.shape
+    if standard:
+        if shape is None or not shape.machine_type:
+            raise MissingSetting("A Standard cluster's GPU node pool needs a machine type: pass --machine-type "
+                                 "(or --reservation with --zone, which reads it from the reservation).")
+        if not dep.zone:
+            raise MissingSetting("A Standard cluster's GPU node pool needs its zone (the reservation's, or where the "
+                                 "GPUs are): pass --zone.")
+        names.dns_label("machine type", cpu_machine_type, "--cpu-machine-type")
+    return ClusterSpec(
+        project=dep.project, region=dep.region, name=name, standard=standard,
+        machine_type=shape.machine_type if shape else None, accelerator=shape.accelerator if shape else None,
+        gpus_per_node=shape.gpus_per_node if shape else 0, gpu_nodes=dep.replicas, zone=dep.zone,
+        reservation=dep.reservation, cpu_machine_type=cpu_machine_type,
+    )
+
+
+# -- what the cluster should look like -------------------------------------------------------------
+
+def ray_operator_config() -> gke.RayOperatorConfig:
+    return gke.RayOperatorConfig(
+        enabled=True,
+        ray_cluster_logging_config=gke.RayClusterLoggingConfig(enabled=True),
+        ray_cluster_monitoring_config=gke.RayClusterMonitoringConfig(enabled=True),
+    )
+
+
+def gpu_node_pool(spec: ClusterSpec) -> gke.NodePool:
+    accelerator = gke.AcceleratorConfig(
+        accelerator_count=spec.gpus_per_node, accelerator_type=spec.accelerator,
+        gpu_driver_installation_config=gke.GPUDriverInstallationConfig(
+            gpu_driver_version=gke.GPUDriverInstallationConfig.GPUDriverVersion.LATEST),
+    )
+    config = gke.NodeConfig(
+        machine_type=spec.machine_type, accelerators=[accelerator],
+        workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA),
+    )
+    if spec.reservation:
+        config.reservation_affinity = gke.ReservationAffinity(
+            consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+            key=RESERVATION_KEY, values=[spec.reservation])
+    return gke.NodePool(name=GPU_POOL, config=config, initial_node_count=spec.gpu_nodes,
+                        locations=[spec.zone] if spec.zone else [])
+
+
+def desired_cluster(spec: ClusterSpec) -> gke.Cluster:
+    cluster = gke.Cluster(
+        name=spec.name,
+        description=f"{names.PRODUCT}: Ray on GKE (created by `{names.PRODUCT} cluster create`)",
+        addons_config=gke.AddonsConfig(ray_operator_config=ray_operator_config()),
+        workload_identity_config=gke.WorkloadIdentityConfig(workload_pool=spec.workload_pool),
+        release_channel=gke.ReleaseChannel(channel=RELEASE_CHANNEL),
+        resource_labels={"managed-by": names.PRODUCT},
+    )
+    if not spec.standard:
+        cluster.autopilot = gke.Autopilot(enabled=True)
+        return cluster
+    # Ray cluster monitoring scrapes with Google Cloud Managed Service for Prometheus (on in Autopilot).
+    cluster.monitoring_config = gke.MonitoringConfig(managed_prometheus_config=gke.ManagedPrometheusConfig(enabled=True))
+    cpu = gke.NodePool(name=CPU_POOL, initial_node_count=1, config=gke.NodeConfig(
+        machine_type=spec.cpu_machine_type,
+        workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA)))
+    cluster.node_pools = [cpu, gpu_node_pool(spec)]
+    return cluster
+
+
+def describe(spec: ClusterSpec) -> str:
+    text = (f"{spec.kind} cluster {spec.name} in {spec.region} (project {spec.project}): Ray operator add-on with "
+            f"Ray cluster logging and monitoring, Workload Identity pool {spec.workload_pool}, "
+            f"release channel {RELEASE_CHANNEL.name}")
+    if spec.standard:
+        text += f"; node pool {CPU_POOL} (1 × {spec.cpu_machine_type}, the Ray head); " + describe_gpu_pool(spec)
+    return text
+
+
+def describe_gpu_pool(spec: ClusterSpec) -> str:
+    where = f"in {spec.zone}" + (f", on reservation {spec.reservation} (specific)" if spec.reservation else "")
+    return (f"node pool {GPU_POOL} ({spec.gpu_nodes} × {spec.machine_type}, {spec.gpus_per_node} × {spec.accelerator}, "
+            f"GKE-installed GPU driver LATEST, {where})")
+
+
+def gaps(cluster: gke.Cluster, spec: ClusterSpec) -> list[str]:
+    """What an existing cluster lacks of the spec (Ray add-on and its logging/monitoring, workload pool)."""
+    ray = cluster.addons_config.ray_operator_config
+    out = []
+    if not ray.enabled:
+        out.append("Ray operator add-on")
+    if not ray.ray_cluster_logging_config.enabled:
+        out.append("Ray cluster logging")
+    if not ray.ray_cluster_monitoring_config.enabled:
+        out.append("Ray cluster monitoring")
+    if cluster.workload_identity_config.workload_pool != spec.workload_pool:
+        out.append("Workload Identity")
+    return out
+
+
+# -- reads and long-running operations ---------------------------------------------------------------
+
+def _error(exc: Exception, action: str, resource: str) -> UserError:
+    if isinstance(exc, gexc.FailedPrecondition):
+        return ClusterError(f"Could not {action} {resource}: another operation is running on it ({exc.message}); "
+                            "wait for it (`gemma3-ray cluster status`) and run this again.")
+    return translate(exc, action, resource)
+
+
+def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise _error(exc, action, resource) from exc
+
+
+def get(container: Any, spec: ClusterSpec) -> gke.Cluster | None:
+    try:
+        return _call("read", spec.path, lambda: container.get_cluster(request={"name": spec.path}))
+    except UserError as exc:
+        if isinstance(exc.__cause__, gexc.NotFound):
+            return None
+        raise
+
+
+def wait(container: Any, spec: ClusterSpec, op: gke.Operation, what: str, out: Callable[[str], None]) -> gke.Operation:
+    """Poll a Container API operation until DONE, printing each state change and a line every minute."""
+    name = f"{spec.parent}/operations/{op.name}"
+    start = time.monotonic()
+    last_state, last_line = None, start
+    while True:
+        now = time.monotonic()
+        state = gke.Operation.Status(op.status)
+        if state != last_state or now - last_line >= PROGRESS_EVERY_S:
+            stage = next((s.name for s in op.progress.stages if s.status == gke.Operation.Status.RUNNING), "")
+            out(f"      {what}: {state.name}{f' ({stage})' if stage else ''} [{now - start:.0f} s]")
+            last_state, last_line = state, now
+        if state == gke.Operation.Status.DONE:
+            break
+        if now - start > OPERATION_TIMEOUT_S:
+            raise ClusterError(f"{what} is still running after {OPERATION_TIMEOUT_S:.0f} s (operation {op.name}); "
+                               "nothing was rolled back: follow it with `gemma3-ray cluster status`.")
+        time.sleep(POLL_INTERVAL_S)
+        op = _call("follow operation", name, lambda: container.get_operation(request={"name": name}))
+    if op.error.code or op.error.message:
+        raise ClusterError(f"{what} failed: {op.error.message or op.status_message} (operation {op.name}); "
+                           "see `gemma3-ray cluster status`.")
+    return op
+
+
+# -- the plan ------------------------------------------------------------------------------------------
+
+def plan_create(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> Plan:
+    """Every change needed for the cluster to match the spec (read calls only)."""
+    plan = Plan()
+    cluster = get(container, spec)
+    if cluster is None:
+        plan.actions.append(Action(f"create {describe(spec)}", lambda: _create(container, spec, out)))
+        return plan
+    state = gke.Cluster.Status(cluster.status)
+    if state in _BAD_STATES:
+        raise ClusterError(f"Cluster {spec.name} is {state.name}{': ' + cluster.status_message if cluster.status_message else ''}; "
+                           "fix or delete it (`gemma3-ray cluster delete`) before creating it again.")
+    kind = "Autopilot" if cluster.autopilot.enabled else "Standard"
+    plan.in_place.append(f"{kind} cluster {spec.name} in {cluster.location} ({state.name}, GKE {cluster.current_master_version})")
+    missing = gaps(cluster, spec)
+    if not cluster.autopilot.enabled and "Ray cluster monitoring" in missing \
+            and not cluster.monitoring_config.managed_prometheus_config.enabled:
+        plan.actions.append(Action(f"enable Managed Service for Prometheus on {spec.name} (Ray cluster monitoring needs it)",
+                                   lambda: _update(container, spec, out, "managed Prometheus", desired_monitoring_config=gke.MonitoringConfig(
+                                       managed_prometheus_config=gke.ManagedPrometheusConfig(enabled=True)))))
+    ray_gaps = [g for g in missing if g.startswith("Ray")]
+    if ray_gaps:
+        plan.actions.append(Action(f"enable on {spec.name}: {', '.join(ray_gaps)}", lambda: _update(
+            container, spec, out, "Ray operator add-on",
+            desired_addons_config=gke.AddonsConfig(ray_operator_config=ray_operator_config()))))
+    else:
+        plan.in_place.append("Ray operator add-on with Ray cluster logging and monitoring")
+    if "Workload Identity" in missing:
+        plan.actions.append(Action(f"enable Workload Identity on {spec.name} (pool {spec.workload_pool})", lambda: _update(
+            container, spec, out, "Workload Identity",
+            desired_workload_identity_config=gke.WorkloadIdentityConfig(workload_pool=spec.workload_pool))))
+    else:
+        plan.in_place.append(f"Workload Identity pool {spec.workload_pool}")
+    if spec.standard:
+        if cluster.autopilot.enabled:
+            plan.in_place.append(f"{spec.name} is Autopilot: it makes GPU nodes itself, no node pool is added")
+        elif any(p.name == GPU_POOL for p in cluster.node_pools):
+            plan.in_place.append(f"node pool {GPU_POOL}")
+        else:
+            plan.actions.append(Action(f"add {describe_gpu_pool(spec)}", lambda: _add_pool(container, spec, out)))
+    return plan
+
+
+def _create(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
+    try:
+        op = container.create_cluster(request={"parent": spec.parent, "cluster": desired_cluster(spec)})
+    except gexc.AlreadyExists:
+        out(f"      cluster {spec.name} was created meanwhile (another run); checking it instead")
+        for action in plan_create(container, spec, out).actions:
+            action.run()
+        return
+    except Exception as exc:
+        raise translate(exc, "create", spec.path) from exc
+    wait(container, spec, op, f"create cluster {spec.name}", out)
+
+
+def _update(container: Any, spec: ClusterSpec, out: Callable[[str], None], what: str, **desired: Any) -> None:
+    update = gke.ClusterUpdate(**desired)
+    op = _call("update", spec.path, lambda: container.update_cluster(request={"name": spec.path, "update": update}))
+    wait(container, spec, op, f"update {spec.name}: {what}", out)
+
+
+def _add_pool(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
+    try:
+        op = container.create_node_pool(request={"parent": spec.path, "node_pool": gpu_node_pool(spec)})
+    except gexc.AlreadyExists:
+        return  # a concurrent run added it
+    except Exception as exc:
+        raise _error(exc, "add a node pool to", spec.path) from exc
+    wait(container, spec, op, f"create node pool {GPU_POOL}", out)
+
+
+def delete(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
+    try:
+        op = _call("delete", spec.path, lambda: container.delete_cluster(request={"name": spec.path}))
+    except UserError as exc:
+        if isinstance(exc.__cause__, gexc.NotFound):
+            return  # deleted meanwhile
+        raise
+    wait(container, spec, op, f"delete cluster {spec.name}", out)
+
+
+# -- status --------------------------------------------------------------------------------------------
+
+def status_lines(cluster: gke.Cluster, spec: ClusterSpec) -> list[str]:
+    ray = cluster.addons_config.ray_operator_config
+    on = {True: "on", False: "OFF"}
+    lines = [
+        f"Cluster {spec.name} ({'Autopilot' if cluster.autopilot.enabled else 'Standard'}) in {cluster.location}: "
+        f"{gke.Cluster.Status(cluster.status).name}, GKE {cluster.current_master_version}"
+        + (f" ({cluster.status_message})" if cluster.status_message else ""),
+        f"  Ray operator add-on: {on[ray.enabled]}; Ray cluster logging: {on[ray.ray_cluster_logging_config.enabled]}; "
+        f"monitoring: {on[ray.ray_cluster_monitoring_config.enabled]}",
+        f"  Workload Identity pool: {cluster.workload_identity_config.workload_pool or 'none (OFF)'}",
+    ]
+    for pool in cluster.node_pools:
+        accel = ", ".join(
+            f"{a.accelerator_count} × {a.accelerator_type} (driver "
+            f"{gke.GPUDriverInstallationConfig.GPUDriverVersion(a.gpu_driver_installation_config.gpu_driver_version).name})"
+            for a in pool.config.accelerators)
+        res = pool.config.reservation_affinity
+        lines.append(f"  node pool {pool.name}: {pool.initial_node_count} × {pool.config.machine_type or '?'}"
+                     + (f", {accel}" if accel else "")
+                     + (f", reservation {', '.join(res.values)}" if res.values else "")
+                     + f", {gke.NodePool.Status(pool.status).name}")
+    lines.append(f"  kube context: {spec.credentials_command()}")
+    return lines

@@ -1,0 +1,47 @@
+"""The permission preflight: Resource Manager's ``projects.testIamPermissions`` says which of the
+permissions a command needs the caller lacks on the project, before that command changes anything."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gemma3_ray.errors import ROLE_FOR_PERMISSION, PermissionDenied, UserError, translate
+from gemma3_ray.gcp_clients import Clients
+
+
+def role_for(permission: str) -> str:
+    return ROLE_FOR_PERMISSION.get(permission, "a role that contains it")
+
+
+@dataclass(frozen=True)
+class Preflight:
+    needed: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    def line(self) -> str:
+        if not self.missing:
+            return f"permissions: you hold all {len(self.needed)} this needs ({', '.join(self.needed)})"
+        return "permissions MISSING on the project: " + "; ".join(
+            f"{p} (in {role_for(p)})" for p in self.missing)
+
+    def require(self, project: str) -> None:
+        if self.missing:
+            roles = sorted({role_for(p) for p in self.missing})
+            raise PermissionDenied(
+                f"Permission denied before any change: you lack {', '.join(self.missing)} on project {project}; "
+                f"ask a project owner to grant you {' and '.join(roles)} (or a custom role with those permissions).")
+
+
+def check(clients: Clients, project: str, permissions: Iterable[str]) -> Preflight:
+    """Which of ``permissions`` the caller lacks on ``projects/PROJECT`` (one testIamPermissions call)."""
+    needed = tuple(dict.fromkeys(permissions))
+    resource = f"projects/{project}"
+    try:
+        rm = clients.get_resource_manager()
+        granted = set(rm.test_iam_permissions(request={"resource": resource, "permissions": list(needed)}).permissions)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise translate(exc, "test your permissions on", resource) from exc
+    return Preflight(needed, tuple(p for p in needed if p not in granted))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from gemma3_ray import __version__, kube_context, machine_shapes, names
 from gemma3_ray.deployment import Deployment, Overrides, resolve
@@ -24,6 +26,45 @@ and the Google Cloud prerequisites Helm cannot create (bucket, service account, 
 Settings come from flags, else the GKE kube context (gke_PROJECT_LOCATION_NAME), else the active
 gcloud configuration ($CLOUDSDK_CONFIG or ~/.config/gcloud; --configuration picks another one).
 """
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--hf-token`` is not ``--hf-token-from-env``), whose errors never
+    echo an argument's value (it may be a token typed by mistake). Sub-commands inherit the class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redact(message, self._argv))
+
+
+_MIN_REDACTED_LEN = 3
+
+
+def redact(message: str, argv: Sequence[str]) -> str:
+    """An argparse error without any value from the command line (flag names stay)."""
+    if message.startswith("unrecognized arguments:"):
+        flags = [t.split("=", 1)[0] for t in argv if t.startswith("-") and len(t) > 1
+                 and t.split("=", 1)[0] in message]
+        hint = ""
+        if any(f.startswith("--hf-token") for f in flags):
+            hint = "; pass the token with --hf-token-file - (typed without echo) or --hf-token-from-env VAR"
+        named = f" {', '.join(dict.fromkeys(flags))}" if flags else ""
+        return f"unrecognized arguments:{named} (values not shown){hint}"
+    message = re.sub(r"(invalid [\w ]+? value): .*$", r"\1 (the value is not shown)", message)
+    message = re.sub(r"invalid choice: .*? \(choose from", "invalid choice (not shown; choose from", message)
+    for token in argv:
+        value = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
+        if len(value) >= _MIN_REDACTED_LEN and not value.startswith("-") and value in message:
+            message = message.replace(value, "(value not shown)")
+    return message
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -84,7 +125,8 @@ def deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deplo
     if args.machine_type:
         machine_shapes.shape_for_machine_type(args.machine_type)  # validate before anything else
     flags = overrides(args)
-    given = flags.given()
+    shape_flags = ("machine_type", "accelerator", "gpus_per_node")
+    given = flags.given() + tuple(f for f in shape_flags if getattr(args, f, None) is not None)
     if flags.namespace is None and os.environ.get("HELM_NAMESPACE"):  # `helm -n NS gemma3-ray ...`
         flags.namespace = os.environ["HELM_NAMESPACE"]
     dep = resolve(flags, gcloud, gke, kube_context=context, given=given)
@@ -115,8 +157,7 @@ def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gemma3-ray", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="gemma3-ray", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

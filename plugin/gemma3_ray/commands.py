@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,15 +23,10 @@ def _out(line: str) -> None:
 
 
 def _hf_token(args: argparse.Namespace) -> str | None:
-    """The HF token, from the environment variable named by --hf-token-from-env (never from argv)."""
-    var = getattr(args, "hf_token_from_env", None)
-    if not var:
-        return None
-    token = os.environ.get(var)
-    if not token:
-        raise MissingSetting(f"--hf-token-from-env {var}: the environment variable {var} is empty or unset; "
-                             f"export it (e.g. `read -s {var}; export {var}`) and try again.")
-    return token
+    """The HF token from --hf-token-from-env VAR or --hf-token-file PATH|- (never from argv)."""
+    from gemma3_ray import tokens
+
+    return tokens.from_args(args)
 
 
 def _deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
@@ -207,11 +201,12 @@ def cmd_down(args: argparse.Namespace, clients: Clients | None) -> int:
 
 
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]
+    from gemma3_ray import tokens
+
     p = sub.add_parser("prereqs", help="create the GCP prerequisites Helm cannot (plan first with --dry-run)")
     add_common(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--hf-token-from-env", metavar="VAR",
-                   help="also create the Hugging Face token Secret from environment variable VAR (never a flag value)")
+    tokens.add_arguments(p)
     p.set_defaults(handler=cmd_prereqs)
 
     p = sub.add_parser("doctor", help="check gcloud auth, the cluster, KubeRay, the Secret, bucket and Workload Identity")
@@ -224,7 +219,7 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     p.add_argument("--chart", help="chart directory (default: charts/gemma3-ray beside the plugin)")
     p.add_argument("--values-file", help=f"values file to write/update (default: RELEASE-values.yaml, e.g. {names.PRODUCT}-values.yaml)")
     p.add_argument("-f", "--extra-values", action="append", help="more values files, applied after the generated one")
-    p.add_argument("--hf-token-from-env", metavar="VAR", help="create the HF token Secret from environment variable VAR")
+    tokens.add_arguments(p)
     p.add_argument("--no-follow", action="store_true", help="return after helm instead of following the RayJob")
     p.set_defaults(handler=cmd_up)
 

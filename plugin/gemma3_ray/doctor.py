@@ -118,8 +118,8 @@ def check_hf_secret(dep: Deployment, kube: Kube) -> Check:
     except UserError as exc:
         return Check(name, False, str(exc))
     if secret is None:
-        return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} is missing: run `HF_TOKEN=... gemma3-ray "
-                     f"prereqs --hf-token-from-env HF_TOKEN -n {dep.namespace}`")
+        return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} is missing: run `gemma3-ray prereqs "
+                     f"-n {dep.namespace} --hf-token-file -` (it asks for the token without echo)")
     if dep.hf_secret_key not in (secret.data or {}):
         return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} has no key {dep.hf_secret_key!r}: "
                      "pass --hf-secret-key with the key it has, or recreate it")

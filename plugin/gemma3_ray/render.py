@@ -1,7 +1,10 @@
 """The chart's values file, rendered with ruamel.yaml: comments and key order survive, output is stable.
 
-Only the keys this module owns (``VALUE_PATHS``) are written; when an existing values file is given,
-it is updated in place, so everything else in it (other keys, comments, order) is kept byte for byte.
+The keys this module owns (``owned_paths()``) are authoritative: every write sets the ones this run
+produces and removes the others (a key from an earlier run for another machine or reservation
+must not survive). When an existing values file is given it is updated in place, so everything
+else in it (the user's keys, comments, order) is kept. The plugin's own comments are end-of-line
+comments of its keys, so they leave with them.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.error import CommentMark
+from ruamel.yaml.tokens import CommentToken
 
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import ConfigError
@@ -96,6 +101,23 @@ def training_for_gpu(accelerator: str) -> list[Value]:
                   "the fast recipe needs ~71-108 GiB on Gemma 3 4B (bench/RESULTS.md)")]
 
 
+# Every key the plugin may write; the training keys are whatever training_for_gpu writes for some GPU.
+_FIXED_OWNED: tuple[tuple[str, ...], ...] = (
+    ("serviceAccount", "create"), ("serviceAccount", "name"), ("serviceAccount", "gcpServiceAccount"),
+    ("hfToken", "existingSecret"), ("hfToken", "secretKey"),
+    ("storage", "bucket"), ("storage", "prefix"),
+    ("workers", "replicas"), ("workers", "gpusPerNode"), ("workers", "accelerator"), ("workers", "resources"),
+    ("capacity", "type"), ("capacity", "reservation"),
+)
+
+
+def owned_paths() -> tuple[tuple[str, ...], ...]:
+    paths = list(_FIXED_OWNED)
+    for accelerator in GPU_MEMORY_GB:
+        paths += [v.path for v in training_for_gpu(accelerator) if v.path not in paths]
+    return tuple(paths)
+
+
 def header(dep: Deployment) -> str:
     src = dep.sources
     origin = []
@@ -106,17 +128,129 @@ def header(dep: Deployment) -> str:
     if src.flags:
         origin.append("flags " + ", ".join("--" + f.replace("_", "-") for f in src.flags))
     lines = [
-        "Values for the gemma3-ray chart, written by `gemma3-ray values` (re-running it updates only the keys it owns).",
+        "Values for the gemma3-ray chart, written by `gemma3-ray values` (re-running it rewrites the keys it owns, keeps the rest).",
         f"project {dep.project}, region {dep.region}" + (f", cluster {dep.cluster}" if dep.cluster else "")
         + (f", namespace {dep.namespace}" if dep.namespace else ""),
     ]
     if origin:
         lines.append("from " + "; ".join(origin))
-    lines.append(f"install: helm upgrade --install {dep.release} charts/gemma3-ray -n {dep.namespace} -f THIS_FILE")
+    lines.append(f"{HEADER_LAST} {dep.release} charts/gemma3-ray -n {dep.namespace} -f THIS_FILE")
     return "\n".join(lines)
 
 
-def _set(doc: CommentedMap, item: Value, comment_new: bool) -> None:
+HEADER_FIRST = "# Values for the gemma3-ray chart, written by"
+HEADER_LAST = "install: helm upgrade --install"
+
+
+def _replace_header(doc: CommentedMap, dep: Deployment) -> bool:
+    """Rewrite the header an earlier run wrote (its flags and names may have changed); False if none."""
+    tokens = (doc.ca.comment or [None, None])[1] or []
+    if not tokens or not tokens[0].value.startswith(HEADER_FIRST):
+        return False
+    end = next((i for i, t in enumerate(tokens) if t.value.startswith("# " + HEADER_LAST)), None)
+    if end is None:
+        return False
+    rest = tokens[end + 1:]
+    doc.yaml_set_start_comment(header(dep))
+    doc.ca.comment[1].extend(rest)
+    return True
+
+
+# --- comments that travel with the keys they belong to --------------------------------------------
+# ruamel.yaml stores the comment lines *after* a key (before the next one) in that key's end-of-line
+# token (for a mapping value: in its last leaf's). Removing or re-commenting a key must move them on.
+
+def _eol(node: CommentedMap, key: Any) -> CommentToken | None:
+    items = node.ca.items.get(key)
+    return items[2] if items and len(items) > 2 else None  # noqa: PLR2004 - ruamel's EOL slot
+
+
+def _leaf(node: CommentedMap, key: Any) -> tuple[CommentedMap, Any]:
+    value = node[key]
+    while isinstance(value, CommentedMap) and len(value):
+        node, key = value, list(value)[-1]
+        value = node[key]
+    return node, key
+
+
+def _trailing(node: CommentedMap, key: Any) -> str:
+    tok = _eol(*_leaf(node, key))
+    return tok.value.split("\n", 1)[1] if tok is not None and "\n" in tok.value else ""
+
+
+def _append_trailing(node: CommentedMap, key: Any, text: str) -> None:
+    leaf, leaf_key = _leaf(node, key)
+    tok = _eol(leaf, leaf_key)
+    if tok is None:
+        leaf.ca.items.setdefault(leaf_key, [None, None, None, None])[2] = CommentToken("\n" + text, CommentMark(0), None)
+    else:
+        tok.value = (tok.value if tok.value.endswith("\n") else tok.value + "\n") + text
+
+
+def _line_width(key: Any, value: Any, indent: int) -> int:
+    """The width of ``key: value`` as dumped (its first line), to put the comment two spaces after it."""
+    buf = io.StringIO()
+    _yaml().dump(CommentedMap([(key, CommentedMap() if isinstance(value, CommentedMap) else value)]), buf)
+    return indent + len(buf.getvalue().splitlines()[0].removesuffix(" {}"))
+
+
+def _set_comment(node: CommentedMap, key: Any, comment: str, indent: int) -> None:
+    """The plugin's end-of-line comment on its key, keeping the lines after it (the user's)."""
+    keep = "" if isinstance(node[key], CommentedMap) and len(node[key]) else _trailing(node, key)
+    node.yaml_add_eol_comment(comment, key, column=_line_width(key, node[key], indent) + 2)
+    if keep:
+        tok = node.ca.items[key][2]
+        tok.value = tok.value.rstrip("\n") + "\n" + keep
+
+
+def _delete(node: CommentedMap, key: Any, carried: str = "") -> str:
+    """Remove a key with its own comments; the comment lines after it (and ``carried``, those after
+    its removed children) move to the key before it. Returns them if the map became empty, for the
+    caller to re-home one level up."""
+    keys = list(node)
+    at = keys.index(key)
+    text = _trailing(node, key) + carried
+    del node[key]
+    node.ca.items.pop(key, None)
+    if not text:
+        return ""
+    if at > 0:
+        _append_trailing(node, keys[at - 1], text)
+        return ""
+    if len(node):
+        first = list(node)[0]
+        lines = [ln.strip().removeprefix("#").strip() for ln in text.splitlines() if ln.strip()]
+        node.yaml_set_comment_before_after_key(first, before="\n".join(lines), indent=_indent(text))
+        return ""
+    return text
+
+
+def _indent(text: str) -> int:
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    return len(line) - len(line.lstrip())
+
+
+def _remove(doc: CommentedMap, path: tuple[str, ...]) -> None:
+    """Remove ``path`` and every map on it that becomes empty (a bare key renders as null)."""
+    chain = [doc]
+    for key in path[:-1]:
+        child = chain[-1].get(key)
+        if not isinstance(child, CommentedMap):
+            return
+        chain.append(child)
+    if path[-1] not in chain[-1]:
+        return
+    text = _delete(chain[-1], path[-1])
+    for depth in range(len(path) - 2, -1, -1):
+        parent, key = chain[depth], path[depth]
+        if len(parent[key]):
+            if text:  # the emptied level still holds keys: the comments go after its last one
+                _append_trailing(parent, key, text)
+            return
+        text = _delete(parent, key, text)
+
+
+def _set(doc: CommentedMap, item: Value) -> None:
     node = doc
     for key in item.path[:-1]:
         child = node.get(key)
@@ -125,10 +259,16 @@ def _set(doc: CommentedMap, item: Value, comment_new: bool) -> None:
             node[key] = child
         node = child
     key = item.path[-1]
-    existed = key in node
-    node[key] = item.value
-    if comment_new and not existed:
-        node.yaml_set_comment_before_after_key(key, before=item.comment, indent=2 * (len(item.path) - 1))
+    if key in node and isinstance(node[key], CommentedMap) and not isinstance(item.value, CommentedMap):
+        _delete(node, key)
+    if isinstance(item.value, CommentedMap) and isinstance(node.get(key), CommentedMap):
+        keep = _trailing(node, key)
+        node[key] = item.value
+        if keep:
+            _append_trailing(node, key, keep)
+    else:
+        node[key] = item.value
+    _set_comment(node, key, item.comment, indent=2 * (len(item.path) - 1))
 
 
 def load(path: Path) -> CommentedMap:
@@ -162,10 +302,17 @@ def render(dep: Deployment, existing: CommentedMap | None = None, extra: Iterabl
     """The values YAML: a fresh document, or ``existing`` updated in place (its other content kept)."""
     fresh = existing is None or len(existing) == 0
     doc = CommentedMap() if existing is None else existing
-    for item in [*owned_values(dep), *extra]:
-        _set(doc, item, comment_new=True)
+    items = [*owned_values(dep), *extra]
+    produced = {item.path for item in items}
+    for path in owned_paths():
+        if path not in produced:
+            _remove(doc, path)
+    for item in items:
+        _set(doc, item)
     if fresh:
         doc.yaml_set_start_comment(header(dep))
+    else:
+        _replace_header(doc, dep)
     buf = io.StringIO()
     _yaml().dump(doc, buf)
     return buf.getvalue()

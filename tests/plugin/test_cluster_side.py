@@ -92,7 +92,7 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     kube = doctor.Kube(core=core, api_ext=FakeApiExtensions(), context=f"gke_{PROJECT}_{REGION}_trainers")
     failing = {c.name: c for c in doctor.run_checks(dep, clients, kube) if not c.ok}
     assert "install the KubeRay operator" in failing["rayjobs.ray.io"].detail
-    assert "--hf-token-from-env" in failing["Hugging Face Secret"].detail
+    assert "--hf-token-file -" in failing["Hugging Face Secret"].detail
     assert "run `gemma3-ray prereqs`" in failing["bucket"].detail
     assert "run `gemma3-ray prereqs`" in failing["Workload Identity binding"].detail
     assert "the chart creates it" in failing["KSA annotation"].detail

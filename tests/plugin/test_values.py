@@ -266,3 +266,65 @@ def test_up_renders_the_release_through_pyhelm3(major: str, gcloud_home: GcloudH
     assert {"ServiceAccount", "RayJob"} <= kinds
     job = next(o for o in objs if o["kind"] == "RayJob")
     assert "nvidia-h100-mega-80gb" in json.dumps(job)
+
+
+def test_owned_keys_are_authoritative_on_every_write(gcloud_home: GcloudHome, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #12 (1): values for an L4 on a reservation, then for a B200 on demand, into the same file:
+    nothing of the first run survives (the chart would render B200 nodes on the L4 reservation with the
+    tutorial recipe), and the user's own keys and comments stay."""
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    mine = tmp_path / "my.yaml"
+    mine.write_text("# my team's file\ntraining:\n  model_id: google/gemma-3-12b-pt  # the bigger one\n"
+                    "  # our learning rate\n  learning_rate: 0.0001\n")
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "g2-standard-8", "--reservation", "l4-res"]) == 0
+    first = yaml.safe_load(mine.read_text())
+    assert first["training"]["recipe"] == "tutorial"
+    assert first["capacity"] == {"type": "reservation", "reservation": "l4-res"}
+    # the user adds a note after the plugin's keys; it must survive their removal
+    mine.write_text(mine.read_text() + "# note: ask #ml-infra before changing the bucket\nnameOverride: gemma3-ray\n")
+
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "a4-highgpu-8g"]) == 0
+    text = mine.read_text()
+    v = yaml.safe_load(text)
+    assert "recipe" not in v["training"] and "capacity" not in v
+    assert "l4-res" not in text and "tutorial" not in text and "g2-standard-8" not in text
+    assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"]) == ("nvidia-b200", 8)
+    assert v["training"] == {"model_id": "google/gemma-3-12b-pt", "learning_rate": 0.0001}
+    for kept in ("# my team's file", "# the bigger one", "# our learning rate",
+                 "# note: ask #ml-infra before changing the bucket"):
+        assert kept in text
+    docs = assert_chart_accepts(text, tmp_path)
+    rendered = json.dumps(_find(docs, "RayJob"))
+    assert "l4-res" not in rendered and "--recipe" not in rendered
+
+    # and back: the reservation keys return, stable on a re-run
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "g2-standard-8", "--reservation", "l4-res"]) == 0
+    again = mine.read_bytes()
+    assert yaml.safe_load(again)["capacity"]["reservation"] == "l4-res"
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "g2-standard-8", "--reservation", "l4-res"]) == 0
+    assert mine.read_bytes() == again
+    capsys.readouterr()
+
+
+def test_a_values_file_without_a_shape_drops_the_old_shape(gcloud_home: GcloudHome, tmp_path: Path) -> None:
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    mine = tmp_path / "v.yaml"
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "a3-highgpu-8g"]) == 0
+    assert yaml.safe_load(mine.read_text())["training"] == {"per_device_train_batch_size": 6}
+    assert cli.main(["values", "-o", str(mine)]) == 0
+    v = yaml.safe_load(mine.read_text())
+    assert "training" not in v and set(v["workers"]) == {"replicas"}
+    assert_chart_accepts(mine.read_text(), tmp_path)
+
+
+def test_the_header_follows_the_latest_run(gcloud_home: GcloudHome, tmp_path: Path) -> None:
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    mine = tmp_path / "v.yaml"
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "g2-standard-8", "--reservation", "l4-res"]) == 0
+    head = mine.read_text().split("\nserviceAccount:")[0]
+    assert "--machine-type" in head and "--reservation" in head
+    mine.write_text(mine.read_text().replace("serviceAccount:", "# my line\nserviceAccount:", 1))
+    assert cli.main(["values", "-o", str(mine), "--machine-type", "a4-highgpu-8g", "-n", "team-a"]) == 0
+    head = mine.read_text().split("\nserviceAccount:")[0]
+    assert "--reservation" not in head and "namespace team-a" in head and "# my line" in head

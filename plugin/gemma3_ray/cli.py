@@ -105,14 +105,12 @@ def overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _shape(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Shape | None:
-    if args.accelerator or args.gpus_per_node is not None:
-        if not (args.accelerator and args.gpus_per_node):
-            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
-        names.dns_label("accelerator", args.accelerator, "--accelerator")
-        return Shape(args.machine_type, args.accelerator, args.gpus_per_node)
+    if args.accelerator:
+        return machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
     if args.machine_type:
         return machine_shapes.shape_for_machine_type(args.machine_type)
     if args.reservation:
+        machine_shapes.check_reservation_lookup(dep.zone, args.reservation)  # before credentials are looked for
         return machine_shapes.shape_for_reservation(clients.get_reservations(), dep.project, dep.zone, args.reservation)
     return None
 
@@ -122,8 +120,15 @@ def deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deplo
     gcloud = read_gcloud_state(configuration=args.configuration)
     context = None if args.no_kube_context else kube_context.current_context(args.kubeconfig, args.kube_context)
     gke = kube_context.parse_gke_context(context) if context else None
-    if args.machine_type:
-        machine_shapes.shape_for_machine_type(args.machine_type)  # validate before anything else
+    # the shape flags are validated before anything else
+    if args.accelerator or args.gpus_per_node is not None:
+        if not (args.accelerator and args.gpus_per_node is not None):
+            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
+        if args.machine_type:
+            names.machine_type(args.machine_type)
+        machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
+    elif args.machine_type:
+        machine_shapes.shape_for_machine_type(args.machine_type)
     flags = overrides(args)
     shape_flags = ("machine_type", "accelerator", "gpus_per_node")
     given = flags.given() + tuple(f for f in shape_flags if getattr(args, f, None) is not None)

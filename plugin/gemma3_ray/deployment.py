@@ -143,7 +143,7 @@ def resolve(
         namespace=names.namespace(flags.namespace or DEFAULT_NAMESPACE),
         release=release,
         bucket=names.bucket(flags.bucket) if flags.bucket else names.default_bucket(project),
-        prefix=(flags.prefix if flags.prefix is not None else f"{names.PRODUCT}/{release}").strip("/"),
+        prefix=names.prefix(flags.prefix if flags.prefix is not None else f"{names.PRODUCT}/{release}"),
         gsa_id=names.gsa_account_id(flags.gsa_name or DEFAULT_GSA_ID),
         ksa=names.ksa(flags.ksa or DEFAULT_KSA),
         hf_secret=names.secret_name(flags.hf_secret or DEFAULT_HF_SECRET),

@@ -149,11 +149,41 @@ def translate(exc: Exception, action: str, resource: str) -> UserError:
         if permission:
             return permission_denied(permission, resource)
         return PermissionDenied(f"Permission denied while trying to {action} {resource}: {exc.message}.")
+    if isinstance(exc, gexc.BadRequest) and "identity pool does not exist" in str(exc).lower():
+        return workload_pool_missing(resource)
     if isinstance(exc, gexc.NotFound):
-        return NotFound(f"Could not {action} {resource}: it does not exist.")
+        return NotFound(f"Could not {action} {resource}: Google Cloud answered 404 (it does not exist, or this "
+                        "endpoint does not serve it); check the name, or run `gemma3-ray prereqs` to create it.")
     if isinstance(exc, gexc.GoogleAPICallError):
-        return UserError(f"Could not {action} {resource}: {exc.code} {exc.message}.")
-    return UserError(f"Could not {action} {resource}: {exc}.")
+        detail = f"{exc.code} {_first_line(exc.message or '')}".strip()
+        return UserError(f"Could not {action} {resource}: {detail}; {_fix_for(exc)}.")
+    return UserError(f"Could not {action} {resource}: {_first_line(str(exc))}; check your network and try again.")
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0].rstrip(".")
+
+
+def _fix_for(exc: gexc.GoogleAPICallError) -> str:
+    if isinstance(exc, gexc.TooManyRequests | gexc.ServiceUnavailable | gexc.DeadlineExceeded
+                  | gexc.InternalServerError | gexc.BadGateway | gexc.GatewayTimeout):
+        return "a Google-side or quota error: try again in a minute"
+    if isinstance(exc, gexc.Conflict):
+        return "someone changed it at the same time: run the command again"
+    if isinstance(exc, gexc.PreconditionFailed):
+        return "it changed since it was read: run the command again"
+    return "check the names and flags the message mentions"
+
+
+def workload_pool_missing(resource: str) -> UserError:
+    """Real IAM answers 400 "Identity Pool does not exist" while no cluster of the project has Workload
+    Identity: permanent until someone enables it, so never retried."""
+    project = resource.split("/")[1] if resource.startswith("projects/") else "PROJECT"
+    return UserError(
+        f"The Workload Identity pool {project}.svc.id.goog does not exist yet (no cluster of project {project} has "
+        "Workload Identity): enable it with `gcloud container clusters update CLUSTER --location LOCATION "
+        f"--workload-pool={project}.svc.id.goog` (Autopilot clusters have it), then run `gemma3-ray prereqs` again."
+    )
 
 
 def not_logged_in(detail: str = "") -> NotLoggedIn:
@@ -166,7 +196,11 @@ def not_logged_in(detail: str = "") -> NotLoggedIn:
 
 def api_disabled(service: str, project: str = "") -> ApiDisabled:
     where = f" --project {project}" if project else ""
+    also = "" if service == SERVICE_USAGE else " (or run `gemma3-ray prereqs`, which enables it)"
     return ApiDisabled(
         f"The {service} API is disabled in project {project or '(unknown)'}: enable it with "
-        f"`gcloud services enable {service}{where}` or run `gemma3-ray prereqs --apply`."
+        f"`gcloud services enable {service}{where}`{also}, then try again."
     )
+
+
+SERVICE_USAGE = "serviceusage.googleapis.com"  # prereqs enables the others through it, never itself

@@ -23,6 +23,8 @@ BACKOFF_MAX_S = 8.0  # a new service account can take tens of seconds to reach I
 # A Google service account created a moment ago may not be visible to IAM yet: setIamPolicy then
 # answers 400 "... does not exist". It appears within seconds (eventual consistency).
 _NEW_MEMBER_HINTS = ("does not exist", "not found")
+# ... except this one: a project none of whose clusters has Workload Identity has no pool at all.
+_PERMANENT_HINT = "identity pool does not exist"
 
 
 class Conflicted(Exception):
@@ -44,7 +46,10 @@ def _retryable(exc: Exception) -> bool:
     if isinstance(exc, gexc.Conflict | gexc.PreconditionFailed):  # Aborted is a Conflict
         return True
     if isinstance(exc, gexc.BadRequest | gexc.InvalidArgument):
-        return any(h in str(exc).lower() for h in _NEW_MEMBER_HINTS)
+        text = str(exc).lower()
+        if _PERMANENT_HINT in text:  # no Workload Identity pool: permanent, never propagation
+            return False
+        return any(h in text for h in _NEW_MEMBER_HINTS)
     return False
 
 

@@ -28,8 +28,12 @@ _FIXED: dict[str, tuple[str, int]] = {
     "a3-ultragpu-8g": ("nvidia-h200-141gb", 8),
     "a3-megagpu-8g": ("nvidia-h100-mega-80gb", 8),
     "a3-edgegpu-8g": ("nvidia-h100-80gb", 8),
-    "a2-megagpu-16g": ("nvidia-tesla-a100", 16),
 }
+# The chart runs 1, 2, 4 or 8 GPUs per node (its schema's workers.gpusPerNode); shapes beyond that
+# are refused at the flag, before anything is created.
+GPUS_PER_NODE = (1, 2, 4, 8)
+_UNSUPPORTED = {"a2-megagpu-16g": "it has 16 A100 40GB GPUs per node and the chart runs at most 8: use "
+                "a2-highgpu-8g (same GPUs, 8 per node) or a2-ultragpu-8g"}
 # Families whose name ends in the GPU count: prefix → accelerator.
 _COUNTED = {
     "a3-highgpu-": "nvidia-h100-80gb",
@@ -63,8 +67,36 @@ KNOWN_MACHINE_TYPES = sorted(
 )
 
 
+# GKE accelerator labels (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus) beyond the
+# ones above; --accelerator takes any of these.
+_OTHER_ACCELERATORS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4")
+
+
+def accelerator(value: str) -> str:
+    known = sorted([*GPU_MEMORY_GB, *_OTHER_ACCELERATORS])
+    if value not in known:
+        from gemma3_ray.tokens import looks_like_token
+
+        shown = "(value not shown)" if looks_like_token(value) else repr(value)
+        raise InvalidName(f"Unknown --accelerator {shown}: pass the GKE accelerator label, one of {', '.join(known)}.")
+    return value
+
+
+def gpus_per_node(value: int) -> int:
+    if value not in GPUS_PER_NODE:
+        raise InvalidName(f"Invalid --gpus-per-node {value}: the chart runs 1, 2, 4 or 8 GPUs per node; pass one of "
+                          "those (the GPUs of one node of your machine type).")
+    return value
+
+
+def custom_shape(machine_type: str | None, accel: str, gpus: int) -> Shape:
+    return Shape(machine_type, accelerator(accel), gpus_per_node(gpus))
+
+
 def shape_for_machine_type(machine_type: str) -> Shape:
     names.machine_type(machine_type)
+    if machine_type in _UNSUPPORTED:
+        raise InvalidName(f"--machine-type {machine_type} is not supported: {_UNSUPPORTED[machine_type]}.")
     if machine_type in _FIXED:
         accel, gpus = _FIXED[machine_type]
         return Shape(machine_type, accel, gpus)
@@ -90,14 +122,22 @@ class ReservationsClient(Protocol):
     def get(self, *, project: str, zone: str, reservation: str) -> Any: ...
 
 
-def shape_for_reservation(client: ReservationsClient, project: str, zone: str | None, reservation: str) -> Shape:
-    """The shape a (specific) reservation reserves, read through the Compute API."""
-    owner, name = names.reservation(reservation)
+def check_reservation_lookup(zone: str | None, reservation: str) -> None:
+    """What reading a reservation needs, checked before any credentials are looked for."""
+    _, name = names.reservation(reservation)
     if not zone:
         raise MissingSetting(
-            f"Reading reservation {name!r} needs its zone: pass --zone or run `gcloud config set compute/zone ZONE`."
+            f"--reservation {name} is read through the Compute API in its zone: pass --zone (e.g. --zone "
+            "us-central1-a) or run `gcloud config set compute/zone ZONE`; or pass --machine-type to skip the lookup."
         )
     names.zone(zone)
+
+
+def shape_for_reservation(client: ReservationsClient, project: str, zone: str | None, reservation: str) -> Shape:
+    """The shape a (specific) reservation reserves, read through the Compute API."""
+    check_reservation_lookup(zone, reservation)
+    owner, name = names.reservation(reservation)
+    assert zone is not None  # noqa: S101 - checked above
     try:
         res = client.get(project=owner or project, zone=zone, reservation=name)
     except Exception as exc:
@@ -106,6 +146,8 @@ def shape_for_reservation(client: ReservationsClient, project: str, zone: str | 
             raise UserError(f"{err} Pass --machine-type to skip the reservation lookup.") from exc
         raise err from exc
     props = res.specific_reservation.instance_properties
+    if props.machine_type in _UNSUPPORTED:
+        raise InvalidName(f"Reservation {name!r} reserves {props.machine_type}: {_UNSUPPORTED[props.machine_type]}.")
     if props.machine_type:
         try:
             return shape_for_machine_type(props.machine_type)
@@ -113,7 +155,7 @@ def shape_for_reservation(client: ReservationsClient, project: str, zone: str | 
             pass
     for accel in props.guest_accelerators:
         if accel.accelerator_count:
-            return Shape(props.machine_type or None, accel.accelerator_type, int(accel.accelerator_count))
+            return custom_shape(props.machine_type or None, accel.accelerator_type, int(accel.accelerator_count))
     raise UserError(
         f"Reservation {name!r} reserves no GPU machine this tool knows ({props.machine_type or 'no machine type'}); "
         "pass --machine-type or --accelerator and --gpus-per-node."

@@ -25,12 +25,24 @@ HELM_RELEASE_MAX = 53
 _SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
 # https://cloud.google.com/kubernetes-engine/docs/how-to/creating-a-zonal-cluster (<= 40 chars)
 _CLUSTER_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
-_RESERVATION_RE = re.compile(r"^(?:projects/([a-z0-9.:-]+)/reservations/)?([a-z]([-a-z0-9]{0,61}[a-z0-9])?)$")
+# NAME, NAME/reservationBlocks/BLOCK, projects/P/reservations/NAME[/reservationBlocks/BLOCK]: the forms
+# GKE takes (`--reservation` of node pools; the reservation-name/-project/-blocks node labels).
+_RFC1035 = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+_RESERVATION_RE = re.compile(
+    rf"^(?:projects/(?P<project>[a-z0-9.:-]+)/reservations/)?(?P<name>{_RFC1035})"
+    rf"(?:/reservationBlocks/(?P<block>{_RFC1035}))?$")
+# Object name prefix: path segments of letters, digits and . _ = - (what the chart's schema and its
+# shell-quoted entrypoint accept); no empty, "." or ".." segments.
+_PREFIX_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_.=-]+$")
+PREFIX_MAX = 512  # object names are <= 1024 bytes; runs/<run>/checkpoint_.../<file> follow the prefix
 _MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 
 
 def _bad(field: str, value: str, rule: str, fix: str) -> InvalidName:
-    return InvalidName(f"Invalid {field} {value!r}: {rule}; {fix}.")
+    from gemma3_ray.tokens import looks_like_token
+
+    shown = "(value not shown: it looks like a token)" if looks_like_token(value) else repr(value)
+    return InvalidName(f"Invalid {field} {shown}: {rule}; {fix}.")
 
 
 def project_id(value: str) -> str:
@@ -143,12 +155,30 @@ def cluster(value: str) -> str:
 
 
 def reservation(value: str) -> tuple[str | None, str]:
-    """(owner project or None, reservation name) of ``NAME`` or ``projects/P/reservations/NAME``."""
+    """(owner project or None, reservation name) of any form GKE takes (blocks included)."""
     m = _RESERVATION_RE.match(value)
     if not m:
-        raise _bad("reservation", value, "it must be a reservation name or projects/PROJECT/reservations/NAME",
-                   "pass --reservation")
-    return m.group(1), m.group(2)
+        raise _bad("reservation", value, "it must be NAME, NAME/reservationBlocks/BLOCK or "
+                   "projects/PROJECT/reservations/NAME[/reservationBlocks/BLOCK]", "pass --reservation in one of "
+                   "those forms")
+    return m.group("project"), m.group("name")
+
+
+def reservation_block(value: str) -> str | None:
+    m = _RESERVATION_RE.match(value)
+    return m.group("block") if m else None
+
+
+def prefix(value: str) -> str:
+    """The release's folder in the bucket: ``a/b/c`` (slashes at either end are dropped)."""
+    stripped = value.strip("/")
+    segments = stripped.split("/")
+    if not stripped or len(stripped) > PREFIX_MAX or not all(
+            _PREFIX_SEGMENT_RE.match(s) and s not in {".", ".."} for s in segments):
+        raise _bad("--prefix", value, f"it must be folder names of letters, digits, '.', '_', '=' or '-' joined by '/' "
+                   f"(at most {PREFIX_MAX} characters, no empty, '.' or '..' folder)", "pass --prefix like "
+                   "team-a/gemma3-ray")
+    return stripped
 
 
 def machine_type(value: str) -> str:

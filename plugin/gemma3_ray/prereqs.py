@@ -66,8 +66,23 @@ class Plan:
         return [f"  + {a.text}" for a in self.actions] + [f"  = {t}" for t in self.in_place]
 
 
-def location_holds_region(location: str, region: str) -> bool:
-    loc = location.upper()
+# Predefined dual-regions and their two regions (https://cloud.google.com/storage/docs/locations).
+DUAL_REGIONS = {
+    "NAM4": ("us-central1", "us-east1"),
+    "EUR4": ("europe-north1", "europe-west4"),
+    "ASIA1": ("asia-northeast1", "asia-northeast2"),
+}
+
+
+def location_holds_region(location: str, region: str, data_locations: list[str] | None = None) -> bool:
+    """Whether a bucket's location stores data in ``region``: a region, a predefined dual-region, a
+    configurable dual-region (location = its multi-region, ``data_locations`` = its two regions), or a
+    multi-region."""
+    loc, region = location.upper(), region.lower()
+    if data_locations:
+        return region in {d.lower() for d in data_locations}
+    if loc in DUAL_REGIONS:
+        return region in DUAL_REGIONS[loc]
     if loc == region.upper():
         return True
     return any(region.startswith(p) for p in MULTI_REGION_PREFIXES.get(loc, ()))
@@ -132,9 +147,11 @@ class Prereqs:
             raise translate(exc, "read", f"gs://{name}") from exc
         if self.project_number and bucket.project_number and str(bucket.project_number) != self.project_number:
             raise self._owned_elsewhere()
-        if bucket.location and not location_holds_region(bucket.location, self.dep.region):
+        data_locations = list(getattr(bucket, "data_locations", None) or [])
+        if bucket.location and not location_holds_region(bucket.location, self.dep.region, data_locations):
+            where = f"{bucket.location} ({', '.join(data_locations)})" if data_locations else bucket.location
             raise RegionMismatch(
-                f"Bucket gs://{name} is in {bucket.location} but the cluster is in {self.dep.region}: pass "
+                f"Bucket gs://{name} is in {where} but the cluster is in {self.dep.region}: pass "
                 f"--bucket with a bucket in {self.dep.region} (cross-region checkpoints are slow and billed)."
             )
         return bucket

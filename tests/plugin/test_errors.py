@@ -35,4 +35,30 @@ def test_disabled_api_from_a_storage_style_message() -> None:
 def test_not_found_and_other_errors_are_one_sentence() -> None:
     assert isinstance(translate(gexc.NotFound("no"), "read", "gs://x"), NotFound)
     other = translate(gexc.InternalServerError("boom"), "read", "gs://x")
-    assert str(other) == "Could not read gs://x: 500 boom."
+    assert str(other) == "Could not read gs://x: 500 boom; a Google-side or quota error: try again in a minute."
+
+
+def test_the_api_disabled_hint_names_only_real_commands() -> None:
+    """Issue #12 (6): the hint named `gemma3-ray prereqs --apply`, a flag that does not exist."""
+    from gemma3_ray import cli
+    from gemma3_ray.errors import api_disabled
+
+    for service in ("storage.googleapis.com", "serviceusage.googleapis.com"):
+        text = str(api_disabled(service, "123"))
+        assert "--apply" not in text and f"gcloud services enable {service} --project 123" in text
+    assert "prereqs" not in str(api_disabled("serviceusage.googleapis.com", "1"))  # it cannot enable itself
+    with pytest.raises(SystemExit):
+        cli.main(["prereqs", "--apply"])  # and indeed: no such flag
+
+
+def test_a_missing_workload_pool_is_one_sentence_with_the_fix() -> None:
+    exc = gexc.BadRequest("Identity Pool does not exist (demo-proj-1.svc.id.goog). Please check that you specified "
+                          "a valid resource name as returned in the `name` attribute in the configuration API.")
+    text = str(translate(exc, "set the IAM policy of", "projects/demo-proj-1/serviceAccounts/x@y"))
+    assert "--workload-pool=demo-proj-1.svc.id.goog" in text and "gcloud container clusters update" in text
+    assert "\n" not in text
+
+
+def test_unknown_google_errors_still_say_what_to_do() -> None:
+    text = str(translate(gexc.ServiceUnavailable("backend\nerror"), "read", "gs://x"))
+    assert text == "Could not read gs://x: 503 backend; a Google-side or quota error: try again in a minute."

@@ -221,3 +221,35 @@ def test_not_logged_in(gcloud_home, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert cli.main(["prereqs", "--dry-run", *BASE]) == 1
     err = _one_sentence_error(capsys)
     assert "Not logged in" in err and "gcloud auth application-default login" in err
+
+
+@pytest.mark.parametrize(("location", "region", "ok"), [
+    ("NAM4", "us-central1", True), ("NAM4", "us-east1", True), ("NAM4", "us-west1", False),
+    ("EUR4", "europe-west4", True), ("EUR4", "europe-west1", False), ("US", "us-east4", True),
+])
+def test_dual_region_buckets(location: str, region: str, ok: bool, fake_gcs_factory, fake_iam: FakeIAM,
+                             fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #12 (8): a predefined dual-region holds exactly its two regions (NAM4 was refused for a
+    us-central1 cluster). fake-gcs-server reports every bucket in its -location."""
+    url = fake_gcs_factory(location)
+    storage_client(url).create_bucket(BUCKET)
+    base = ["--project", PROJECT, "--region", region, "--no-kube-context"]
+    rc = cli.main(["prereqs", "--dry-run", *base], _clients(url, fake_iam, fake_usage))
+    captured = capsys.readouterr()
+    assert (rc == 0) is ok, captured.err
+    if not ok:
+        assert f"is in {location} but the cluster is in {region}" in captured.err
+
+
+def test_configurable_dual_region_is_judged_by_its_data_locations() -> None:
+    """A configurable dual-region reports its multi-region ("US") as location and its two regions as
+    customPlacementConfig.dataLocations (neither emulator keeps them, so the API's JSON is parsed by
+    the real client here)."""
+    from google.cloud.storage import Bucket
+
+    bucket = Bucket(client=None, name="b")
+    bucket._set_properties({"name": "b", "location": "US", "locationType": "dual-region",  # noqa: SLF001
+                            "customPlacementConfig": {"dataLocations": ["US-EAST1", "US-EAST4"]}})
+    assert prereqs.location_holds_region(bucket.location, "us-east4", bucket.data_locations)
+    assert not prereqs.location_holds_region(bucket.location, "us-central1", bucket.data_locations)
+    assert prereqs.location_holds_region("US", "us-central1")  # the multi-region itself

@@ -328,3 +328,78 @@ def test_the_header_follows_the_latest_run(gcloud_home: GcloudHome, tmp_path: Pa
     assert cli.main(["values", "-o", str(mine), "--machine-type", "a4-highgpu-8g", "-n", "team-a"]) == 0
     head = mine.read_text().split("\nserviceAccount:")[0]
     assert "--reservation" not in head and "namespace team-a" in head and "# my line" in head
+
+
+@pytest.mark.parametrize(("flags", "flag", "fix"), [
+    (["--machine-type", "a2-megagpu-16g"], "--machine-type a2-megagpu-16g", "a2-highgpu-8g"),
+    (["--accelerator", "nvidia-l4", "--gpus-per-node", "-1"], "--gpus-per-node -1", "1, 2, 4 or 8"),
+    (["--accelerator", "nvidia-l4", "--gpus-per-node", "16"], "--gpus-per-node 16", "1, 2, 4 or 8"),
+    (["--accelerator", "x", "--gpus-per-node", "1"], "--accelerator 'x'", "nvidia-l4"),
+    (["--accelerator", "nvidia-l4"], "--accelerator and --gpus-per-node", "pass both"),
+    (["--prefix", "a b;$(id)"], "--prefix 'a b;$(id)'", "team-a/gemma3-ray"),
+    (["--prefix", "team/../other"], "--prefix", "'..'"),
+    (["--prefix", "/"], "--prefix", "team-a/gemma3-ray"),
+    (["--reservation", "projects/p/reservation/x"], "reservation", "reservationBlocks"),
+])
+def test_shape_and_prefix_flags_are_checked_at_the_flag(flags: list[str], flag: str, fix: str,
+                                                       gcloud_home: GcloudHome,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #12 (5): refused in one sentence naming the flag and the fix, before any API call (no
+    clients given: any Google call would fail with "Not logged in")."""
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    assert cli.main(["values", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gemma3-ray: error: ") and "\n" not in err, err
+    assert flag in err and fix in err, err
+    assert "Not logged in" not in err
+
+
+def test_reservation_without_a_zone_says_so_before_looking_for_credentials(
+    gcloud_home: GcloudHome, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #12 (8): it used to say "Not logged in" (the Compute client was built first)."""
+    gcloud_home.write("default", {"core": {"project": "acme-ml-1"}, "compute": {"region": "us-central1"}},
+                      activate=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    assert cli.main(["values", "--reservation", "l4-res"]) == 2
+    err = capsys.readouterr().err
+    assert "--reservation l4-res is read through the Compute API in its zone: pass --zone" in err
+    assert "Not logged in" not in err
+
+
+@pytest.mark.parametrize(("reservation", "owner", "block"), [
+    ("l4-res/reservationBlocks/block-1", "acme-ml-1", "block-1"),
+    ("projects/shared-proj-1/reservations/l4-res/reservationBlocks/b2", "shared-proj-1", "b2"),
+])
+def test_reservation_block_paths_are_accepted_and_rendered(reservation: str, owner: str, block: str,
+                                                           gcloud_home: GcloudHome, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #12 (8): GKE consumes one block of a reservation with the reservation-blocks node label."""
+    gcloud_home.write("default", GCLOUD_PROPS, activate=True)
+    fake = FakeReservations({(owner, "us-central1-c", "l4-res"): _reservation("g2-standard-48")})
+    text = values(capsys, "--reservation", reservation, clients=Clients(project="acme-ml-1", reservations=fake))
+    assert fake.calls == [(owner, "us-central1-c", "l4-res")]
+    assert yaml.safe_load(text)["capacity"] == {"type": "reservation", "reservation": reservation}
+    sel = _find(assert_chart_accepts(text, tmp_path), "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0][
+        "template"]["spec"]["nodeSelector"]
+    assert sel["cloud.google.com/reservation-name"] == "l4-res"
+    assert sel["cloud.google.com/reservation-blocks"] == block
+    assert sel["cloud.google.com/reservation-affinity"] == "specific"
+    assert (sel.get("cloud.google.com/reservation-project") == owner) is reservation.startswith("projects/")
+
+
+def test_the_flag_checks_agree_with_the_charts_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    workers = schema["properties"]["workers"]["properties"]
+    assert set(machine_shapes.GPUS_PER_NODE) == set(workers["gpusPerNode"]["enum"]) - {0}
+    import re
+
+    pattern = re.compile(workers["accelerator"]["pattern"])
+    for accel in machine_shapes.GPU_MEMORY_GB:
+        assert pattern.match(machine_shapes.accelerator(accel))
+    prefix = re.compile(schema["properties"]["storage"]["properties"]["prefix"]["pattern"])
+    from gemma3_ray import names
+
+    for ok in ("gemma3-ray/r1", "a.b/c_d/e=f", "x"):
+        assert prefix.match(names.prefix(ok))

@@ -269,9 +269,16 @@ expands $ and `. Arguments: dict "key" <field path> "text" <text>.
 
 {{/* ---------------------------------------------------------------- scheduling */}}
 
-{{/* The reservation's name part: "N" of "projects/P/reservations/N", or the value itself. */}}
+{{/* The reservation's name part: "N" of "projects/P/reservations/N[/reservationBlocks/B]", or of "N[/reservationBlocks/B]". */}}
 {{- define "gemma3-ray.reservationName" -}}
-{{- regexReplaceAll "^projects/[^/]+/reservations/" .Values.capacity.reservation "" -}}
+{{- regexReplaceAll "/reservationBlocks/.*$" (regexReplaceAll "^projects/[^/]+/reservations/" .Values.capacity.reservation "") "" -}}
+{{- end -}}
+
+{{/* The block part "B" of ".../reservationBlocks/B", else empty. */}}
+{{- define "gemma3-ray.reservationBlock" -}}
+{{- if contains "/reservationBlocks/" .Values.capacity.reservation -}}
+{{- regexReplaceAll "^.*/reservationBlocks/" .Values.capacity.reservation "" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gemma3-ray.reservationProject" -}}
@@ -294,6 +301,9 @@ expands $ and `. Arguments: dict "key" <field path> "text" <text>.
 {{- $_ := set $sel "cloud.google.com/reservation-affinity" "specific" -}}
 {{- with include "gemma3-ray.reservationProject" . -}}
 {{- $_ := set $sel "cloud.google.com/reservation-project" . -}}
+{{- end -}}
+{{- with include "gemma3-ray.reservationBlock" . -}}
+{{- $_ := set $sel "cloud.google.com/reservation-blocks" . -}}
 {{- end -}}
 {{- else if eq .Values.capacity.type "spot" -}}
 {{- $_ := set $sel "cloud.google.com/gke-spot" "true" -}}

@@ -148,17 +148,28 @@ def deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deplo
 def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import render
 
-    dep, _ = deployment(args, clients)
+    dep, clients = deployment(args, clients)
+    extra = image_values(dep, clients) if args.image else []
     if args.output:
         path = Path(args.output)
-        text = render.render(dep, render.load(path))
+        text = render.render(dep, render.load(path), extra)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
         print(f"wrote {path}", file=sys.stderr)
     else:
-        sys.stdout.write(render.render(dep))
+        sys.stdout.write(render.render(dep, extra=extra))
     return 0
+
+
+def image_values(dep: Deployment, clients: Clients) -> list:  # type: ignore[type-arg]
+    """The chart values of the built training image (`values --image`; see image_build)."""
+    from gemma3_ray import image_build, render
+
+    repository, tag = image_build.existing_image(dep, clients).rsplit(":", 1)
+    return [render.Value(("workers", "image", "repository"), repository,
+                         "the training image `gemma3-ray image build` pushed (dependencies baked in)"),
+            render.Value(("workers", "image", "tag"), tag, "src-<sha256 of the Dockerfile and the files it copies>")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("-o", "--output", help="values file to write; an existing one is updated in place "
                    "(its comments, order and other keys kept). Default: stdout")
+    p.add_argument("--image", action="store_true", help="also the training image built by `image build` for these "
+                   "sources (an error if it is not built)")
     p.set_defaults(handler=cmd_values)
     _register_more(sub)
     return parser

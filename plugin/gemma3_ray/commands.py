@@ -36,11 +36,15 @@ def _deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Depl
 
 
 def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None,
-                out: Callable[[str], None] = _out) -> int:
+                out: Callable[[str], None] = _out, image: bool = False) -> int:
     from gemma3_ray.prereqs import Prereqs
 
     p = Prereqs(dep, clients, hf_token=hf_token)
     plan = p.plan()
+    if image:  # the Artifact Registry repository and build staging bucket `image build` needs
+        from gemma3_ray.artifact_registry import RegistryPrereqs
+
+        RegistryPrereqs(dep, clients).extend(plan)
     out(f"Prerequisites for project {dep.project}, region {dep.region}, namespace {dep.namespace}:")
     for line in plan.lines():
         out(line)
@@ -61,7 +65,7 @@ def cmd_prereqs(args: argparse.Namespace, clients: Clients | None) -> int:
     hf_token = _hf_token(args)
     dep, clients = _deployment(args, clients)
     _kube_clients(args, clients, needed=hf_token is not None)
-    return run_prereqs(dep, clients, dry_run=args.dry_run, hf_token=hf_token)
+    return run_prereqs(dep, clients, dry_run=args.dry_run, hf_token=hf_token, image=args.image)
 
 
 def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool) -> None:
@@ -207,6 +211,8 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     add_common(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     tokens.add_arguments(p)
+    p.add_argument("--image", action="store_true", help="also the Artifact Registry repository and build staging "
+                   "bucket for `image build` (the cluster's nodes may read it, Cloud Build may write it)")
     p.set_defaults(handler=cmd_prereqs)
 
     p = sub.add_parser("doctor", help="check gcloud auth, the cluster, KubeRay, the Secret, bucket and Workload Identity")

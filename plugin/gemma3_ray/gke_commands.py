@@ -1,4 +1,4 @@
-"""The `cluster create | delete | status` commands (and their registration with the CLI)."""
+"""The `cluster create | delete | status` and `image build` commands (and their registration with the CLI)."""
 
 from __future__ import annotations
 
@@ -123,6 +123,13 @@ def cmd_status(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
     return 0
 
 
+def cmd_image_build(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
+    from gemma3_ray import image_build
+
+    dep, clients = _deployment(args, clients)
+    return image_build.run(args, dep, clients, out)
+
+
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("cluster", help="create, delete or show the GKE cluster (Ray operator add-on, Workload Identity)",
                        allow_abbrev=False)
@@ -149,3 +156,15 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     s = verbs.add_parser("status", allow_abbrev=False, help="the cluster's state, Ray add-on, workload pool, node pools")
     add_common(s)
     s.set_defaults(handler=cmd_status)
+
+    from gemma3_ray.image_build import DOCKERFILE
+
+    p = sub.add_parser("image", help="build the training image with Cloud Build (no local Docker)", allow_abbrev=False)
+    verbs = p.add_subparsers(dest="image_command", metavar="VERB", required=True)
+    b = verbs.add_parser("build", allow_abbrev=False, help="plan (default) or --apply: Cloud Build builds the Dockerfile "
+                         "and pushes it to the repository `prereqs --image` made")
+    add_common(b)
+    b.add_argument("--apply", action="store_true", help="upload the context and build (default: print the plan only)")
+    b.add_argument("--dockerfile", default=DOCKERFILE, help=f"Dockerfile, relative to the context (default: {DOCKERFILE})")
+    b.add_argument("--context", help="build context directory (default: the repository holding the plugin)")
+    b.set_defaults(handler=cmd_image_build)

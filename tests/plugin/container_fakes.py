@@ -226,7 +226,17 @@ class FakeResourceManager:
 
     project: str
     granted: set[str] | str = ALL
+    number: str = "123456789012"
     calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def get_project(self, request: Any = None) -> Any:
+        from google.cloud import resourcemanager_v3
+
+        name = _req(request)["name"]
+        self.calls.append(("get_project", name))
+        if name not in (f"projects/{self.project}", f"projects/{self.number}"):
+            raise gexc.PermissionDenied(f"The caller does not have permission on {name}.")
+        return resourcemanager_v3.Project(name=f"projects/{self.number}", project_id=self.project)
 
     def test_iam_permissions(self, request: Any = None) -> iam_policy_pb2.TestIamPermissionsResponse:
         r = _req(request)

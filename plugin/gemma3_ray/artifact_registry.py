@@ -1,0 +1,236 @@
+"""What `prereqs --image` adds for building the training image without local Docker: the Artifact
+Registry repository and a build staging bucket, with grants on those two resources only.
+
+- the Artifact Registry and Cloud Build APIs, enabled;
+- a Docker repository ``gemma3-ray`` in the cluster's region;
+- a staging bucket ``PROJECT-gemma3-ray-build`` in that region (uniform access, public access
+  prevention enforced, label ``managed-by=gemma3-ray``): the build's source tarball and its log;
+- ``roles/artifactregistry.reader`` on the repository for the cluster's node pull identity (the
+  service account of its nodes; the Compute Engine default one unless the cluster names another),
+  and for no one else;
+- for the project's Cloud Build service account (as the Cloud Build API reports it):
+  ``roles/artifactregistry.writer`` on the repository and ``roles/storage.objectAdmin`` on the
+  staging bucket (read the source, write the log) — nothing project-wide.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+from gemma3_ray import gke_cluster, iam_policy, names
+from gemma3_ray.deployment import Deployment
+from gemma3_ray.errors import UserError, translate
+from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.prereqs import MANAGED_BY_LABEL, Action, Plan, Prereqs
+
+REPOSITORY_ID = names.PRODUCT
+IMAGE_NAME = "trainer"
+SERVICES = ("artifactregistry.googleapis.com", "cloudbuild.googleapis.com")
+READER = "roles/artifactregistry.reader"
+WRITER = "roles/artifactregistry.writer"
+STAGING_ROLE = "roles/storage.objectAdmin"
+CREATE_TIMEOUT_S = 300
+ENABLE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Registry:
+    project: str
+    region: str
+    repository: str = REPOSITORY_ID
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/locations/{self.region}/repositories/{self.repository}"
+
+    @property
+    def host(self) -> str:
+        return f"{self.region}-docker.pkg.dev/{self.project}/{self.repository}"
+
+    def image(self, tag: str) -> str:
+        return f"{self.host}/{IMAGE_NAME}:{tag}"
+
+    def tag_path(self, tag: str) -> str:
+        return f"{self.path}/packages/{IMAGE_NAME}/tags/{tag}"
+
+    @property
+    def staging_bucket(self) -> str:
+        return names.bucket(re.sub(r"[^a-z0-9-]", "-", self.project) + f"-{names.PRODUCT}-build")
+
+
+def registry_of(dep: Deployment) -> Registry:
+    return Registry(dep.project, dep.region)
+
+
+def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (gexc.NotFound, UserError):
+        raise
+    except Exception as exc:
+        raise translate(exc, action, resource) from exc
+
+
+def project_number(clients: Clients, project: str) -> str:
+    rm = clients.get_resource_manager()
+    got = _call("read", f"projects/{project}", lambda: rm.get_project(request={"name": f"projects/{project}"}))
+    return str(got.name).removeprefix("projects/")
+
+
+def compute_default_sa(number: str) -> str:
+    return f"{number}-compute@developer.gserviceaccount.com"
+
+
+def node_pull_identities(dep: Deployment, clients: Clients) -> tuple[list[str], str]:
+    """The service accounts the cluster's nodes pull images as, and where that was read from."""
+    number = project_number(clients, dep.project)
+    spec = gke_cluster.spec_from(dep, standard=False)
+    cluster = gke_cluster.get(clients.get_container(), spec) if dep.cluster else None
+    if cluster is None:
+        return [compute_default_sa(number)], "the Compute Engine default service account (what `cluster create` nodes use)"
+    if cluster.autopilot.enabled:
+        found = [cluster.autoscaling.autoprovisioning_node_pool_defaults.service_account]
+    else:
+        found = [p.config.service_account for p in cluster.node_pools]
+    emails = sorted({compute_default_sa(number) if sa in ("", "default") else sa for sa in found})
+    return emails, f"the nodes of cluster {spec.name}"
+
+
+def build_identity(clients: Clients, reg: Registry) -> str:
+    name = f"projects/{reg.project}/locations/{reg.region}/defaultServiceAccount"
+    cb = clients.get_cloud_build()
+    got = _call("read the Cloud Build service account of", f"projects/{reg.project}",
+                lambda: cb.get_default_service_account(request={"name": name}))
+    email = str(got.service_account_email).rsplit("/", 1)[-1]
+    if not email:
+        raise UserError(f"Project {reg.project} has no default Cloud Build service account (an organization policy "
+                        "may disable it): ask an administrator to set one, then run this again.")
+    return email
+
+
+class RegistryPrereqs:
+    """Plans and applies the image prerequisites of one deployment (read calls only in ``extend``)."""
+
+    def __init__(self, dep: Deployment, clients: Clients) -> None:
+        self.dep, self.clients, self.reg = dep, clients, registry_of(dep)
+        self.cloud_build_off = False
+
+    def _services(self, plan: Plan) -> None:
+        su = self.clients.get_service_usage()
+        off = [s for s in SERVICES if _call("read the state of", s, lambda s=s: su.get_service(
+            request={"name": f"projects/{self.dep.project}/services/{s}"})).state.name != "ENABLED"]
+        self.cloud_build_off = "cloudbuild.googleapis.com" in off
+        if not off:
+            plan.in_place.append(f"APIs enabled: {', '.join(SERVICES)}")
+            return
+
+        def enable() -> None:
+            op = _call("enable APIs in", f"projects/{self.dep.project}", lambda: su.batch_enable_services(
+                request={"parent": f"projects/{self.dep.project}", "service_ids": off}))
+            op.result(timeout=ENABLE_TIMEOUT_S)
+
+        plan.actions.append(Action(f"enable APIs: {', '.join(off)}", enable))
+
+    def _repository_exists(self) -> bool:
+        registry = self.clients.get_artifact_registry()
+        try:
+            _call("read", self.reg.path, lambda: registry.get_repository(request={"name": self.reg.path}))
+        except gexc.NotFound:
+            return False
+        return True
+
+    def _create_repository(self) -> None:
+        from google.cloud import artifactregistry_v1 as ar
+
+        registry = self.clients.get_artifact_registry()
+        repo = ar.Repository(format_=ar.Repository.Format.DOCKER, labels=dict([MANAGED_BY_LABEL]),
+                             description=f"{names.PRODUCT} training images (created by `{names.PRODUCT} prereqs --image`)")
+        try:
+            op = registry.create_repository(request={"parent": self.reg.path.rsplit("/repositories/", 1)[0],
+                                                     "repository_id": self.reg.repository, "repository": repo})
+            op.result(timeout=CREATE_TIMEOUT_S)
+        except gexc.AlreadyExists:
+            return  # a concurrent run created it
+        except Exception as exc:
+            raise translate(exc, "create", self.reg.path) from exc
+
+    def _staging_bucket(self) -> Any | None:
+        storage = self.clients.get_storage()
+        try:
+            return _call("read", f"gs://{self.reg.staging_bucket}", lambda: storage.get_bucket(self.reg.staging_bucket))
+        except gexc.NotFound:
+            return None
+
+    def _create_staging_bucket(self) -> None:
+        storage = self.clients.get_storage()
+        bucket = storage.bucket(self.reg.staging_bucket)
+        bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+        bucket.iam_configuration.public_access_prevention = "enforced"
+        bucket.labels = dict([MANAGED_BY_LABEL])
+        try:
+            storage.create_bucket(bucket, location=self.dep.region)
+        except gexc.Conflict:
+            pass  # a concurrent run made it; its settings are checked below all the same
+        except Exception as exc:
+            raise translate(exc, "create", f"gs://{bucket.name}") from exc
+        # Read back: the settings must hold whatever served the create (emulators drop some of them).
+        current = _call("read", f"gs://{bucket.name}", lambda: storage.get_bucket(bucket.name))
+        if not Prereqs._bucket_hardened(current) or not current.labels:
+            current.iam_configuration.uniform_bucket_level_access_enabled = True
+            current.iam_configuration.public_access_prevention = "enforced"
+            current.labels = {**(current.labels or {}), **dict([MANAGED_BY_LABEL])}
+            _call("update", f"gs://{bucket.name}", lambda: current.patch())
+
+    def _grant(self, plan: Plan, access: Callable[[], iam_policy.PolicyAccess], resource: str, role: str,
+               member: str, exists: bool) -> None:
+        text = f"{role} on {resource} for {member}"
+        if exists and access().has(_call("read the IAM policy of", resource, lambda: access().read()), role, member):
+            plan.in_place.append(text)
+            return
+        plan.actions.append(Action(f"grant {text}", lambda: _call(
+            "set the IAM policy of", resource, lambda: iam_policy.change_binding(access(), role, member, present=True))))
+
+    def extend(self, plan: Plan) -> None:
+        """Add the image prerequisites to ``plan``."""
+        self._services(plan)
+        repo_exists = self._repository_exists()
+        if repo_exists:
+            plan.in_place.append(f"Artifact Registry repository {self.reg.host}")
+        else:
+            plan.actions.append(Action(f"create Artifact Registry Docker repository {self.reg.host} ({self.reg.path})",
+                                       self._create_repository))
+        bucket = self._staging_bucket()
+        if bucket is not None:
+            plan.in_place.append(f"build staging bucket gs://{bucket.name} ({bucket.location})")
+        else:
+            plan.actions.append(Action(f"create build staging bucket gs://{self.reg.staging_bucket} in {self.dep.region} "
+                                       "(uniform bucket-level access, public access prevention enforced)",
+                                       self._create_staging_bucket))
+        pullers, how = node_pull_identities(self.dep, self.clients)
+        registry = self.clients.get_artifact_registry()
+
+        def repo_access() -> iam_policy.PolicyAccess:
+            return iam_policy.service_account_policy(registry, self.reg.path)  # the same google.iam.v1 calls
+
+        def bucket_access() -> iam_policy.PolicyAccess:
+            return iam_policy.bucket_policy(self.clients.get_storage().bucket(self.reg.staging_bucket))
+
+        for sa in pullers:
+            self._grant(plan, repo_access, self.reg.host, READER, f"serviceAccount:{sa}", repo_exists)
+        plan.in_place.append(f"node pull identity: {', '.join(pullers)} ({how})")
+        if self.cloud_build_off:  # its service account can only be read once the API is on
+            for access, resource, role in ((repo_access, self.reg.host, WRITER),
+                                           (bucket_access, f"gs://{self.reg.staging_bucket}", STAGING_ROLE)):
+                plan.actions.append(Action(f"grant {role} on {resource} for the Cloud Build service account (read once "
+                                           "the API is enabled)", lambda a=access, r=resource, role=role: _call(
+                    "set the IAM policy of", r, lambda: iam_policy.change_binding(
+                        a(), role, f"serviceAccount:{build_identity(self.clients, self.reg)}", present=True))))
+            return
+        builder = f"serviceAccount:{build_identity(self.clients, self.reg)}"
+        self._grant(plan, repo_access, self.reg.host, WRITER, builder, repo_exists)
+        self._grant(plan, bucket_access, f"gs://{self.reg.staging_bucket}", STAGING_ROLE, builder, bucket is not None)

@@ -1,0 +1,241 @@
+"""`image build`: the training image built by Cloud Build (no local Docker) and pushed to the Artifact
+Registry repository `prereqs --image` creates; and the image reference `values --image` writes.
+
+The build context is exactly what the Dockerfile copies (its COPY/ADD sources, plus the Dockerfile),
+packed as a reproducible tarball; the image tag is ``src-`` + the first 12 hex digits of the sha256
+of those files, so the same pins always give the same tag, and "is it built?" is one tag lookup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import re
+import shlex
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.api_core import exceptions as gexc
+
+from gemma3_ray import iam_preflight, names
+from gemma3_ray.artifact_registry import Registry, registry_of
+from gemma3_ray.deployment import Deployment
+from gemma3_ray.errors import NotFound, UserError, translate
+from gemma3_ray.gcp_clients import Clients
+
+DOCKERFILE = "images/trainer/Dockerfile"
+BUILDER = "gcr.io/cloud-builders/docker"
+BUILD_TIMEOUT_S = 3600
+BUILD_DISK_GB = 200  # the Ray GPU base image and torch's CUDA wheels need room to unpack
+POLL_INTERVAL_S = 10.0
+PROGRESS_EVERY_S = 60.0
+LOG_TAIL_LINES = 20
+TAG_DIGITS = 12
+PERMISSIONS = ("cloudbuild.builds.create", "cloudbuild.builds.get", "storage.objects.create",
+               "artifactregistry.repositories.get", "artifactregistry.tags.get")
+Out = Callable[[str], None]
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Context:
+    root: Path
+    dockerfile: str
+    files: tuple[str, ...]  # relative POSIX paths, sorted, the Dockerfile included
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for rel in self.files:
+            h.update(rel.encode() + b"\0" + hashlib.sha256((self.root / rel).read_bytes()).digest())
+        return h.hexdigest()
+
+    @property
+    def tag(self) -> str:
+        return f"src-{self.digest[:TAG_DIGITS]}"
+
+    def tarball(self) -> bytes:
+        """A reproducible .tar.gz of the context (fixed times, owners and order)."""
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+            for rel in self.files:
+                data = (self.root / rel).read_bytes()
+                info = tarfile.TarInfo(rel)
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+
+def _copy_sources(text: str) -> list[str]:
+    """The local sources of every COPY/ADD (not ``--from=`` stages) in a Dockerfile."""
+    sources: list[str] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        parts = line.strip().split(None, 1)
+        if len(parts) < 2 or parts[0].upper() not in {"COPY", "ADD"}:  # noqa: PLR2004
+            continue
+        flags = re.match(r"^((?:--\S+\s+)*)(.*)$", parts[1])
+        assert flags is not None  # the pattern matches any string
+        if "--from" in flags.group(1):
+            continue
+        args = flags.group(2).strip()
+        words = json.loads(args) if args.startswith("[") else shlex.split(args)
+        sources += words[:-1]
+    return sources
+
+
+def context(root: Path | None = None, dockerfile: str = DOCKERFILE) -> Context:
+    root = root or repo_root()
+    path = root / dockerfile
+    if not path.is_file():
+        raise NotFound(f"No Dockerfile at {dockerfile} (under {root}): pass --dockerfile with the training image's "
+                       "Dockerfile.")
+    files = {dockerfile}
+    for src in _copy_sources(path.read_text(encoding="utf-8")):
+        matches = sorted(root.glob(src.lstrip("/"))) if any(c in src for c in "*?[") else [root / src.lstrip("/")]
+        if not matches or not all(m.exists() for m in matches):
+            raise NotFound(f"{dockerfile} copies {src!r}, which does not exist under {root}: fix the Dockerfile.")
+        for m in matches:
+            files |= {p.relative_to(root).as_posix() for p in ([m] if m.is_file() else m.rglob("*")) if p.is_file()}
+    return Context(root, dockerfile, tuple(sorted(files)))
+
+
+def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (gexc.NotFound, UserError):
+        raise
+    except Exception as exc:
+        raise translate(exc, action, resource) from exc
+
+
+def image_state(clients: Clients, reg: Registry, tag: str) -> str:
+    """'built', 'missing' (repository there, tag not) or 'no-repository'."""
+    registry = clients.get_artifact_registry()
+    try:
+        _call("read", reg.tag_path(tag), lambda: registry.get_tag(request={"name": reg.tag_path(tag)}))
+    except gexc.NotFound:
+        try:
+            _call("read", reg.path, lambda: registry.get_repository(request={"name": reg.path}))
+        except gexc.NotFound:
+            return "no-repository"
+        return "missing"
+    return "built"
+
+
+def existing_image(dep: Deployment, clients: Clients, ctx: Context | None = None) -> str:
+    """The image reference of the current sources, if it is built (else one sentence saying how to build it)."""
+    ctx = ctx or context()
+    reg = registry_of(dep)
+    state = image_state(clients, reg, ctx.tag)
+    if state == "built":
+        return reg.image(ctx.tag)
+    how = "`gemma3-ray prereqs --image`, then `gemma3-ray image build --apply`" if state == "no-repository" \
+        else "`gemma3-ray image build --apply`"
+    raise NotFound(f"The training image {reg.image(ctx.tag)} (built from {ctx.dockerfile} as it is now) does not exist: "
+                   f"build it with {how}, or leave out --image to install dependencies through the runtime env.")
+
+
+def build_request(reg: Registry, ctx: Context) -> Any:
+    from google.cloud.devtools import cloudbuild_v1 as cb
+    from google.protobuf import duration_pb2
+
+    image = reg.image(ctx.tag)
+    return cb.Build(
+        source=cb.Source(storage_source=cb.StorageSource(bucket=reg.staging_bucket, object_=f"source/{ctx.tag}.tgz")),
+        steps=[cb.BuildStep(name=BUILDER, args=["build", "--file", ctx.dockerfile, "--tag", image, "."])],
+        images=[image],
+        logs_bucket=f"gs://{reg.staging_bucket}/logs",
+        options=cb.BuildOptions(logging=cb.BuildOptions.LoggingMode.GCS_ONLY,
+                                machine_type=cb.BuildOptions.MachineType.E2_HIGHCPU_8, disk_size_gb=BUILD_DISK_GB),
+        timeout=duration_pb2.Duration(seconds=BUILD_TIMEOUT_S),
+        tags=[names.PRODUCT],
+    )
+
+
+def _log_tail(clients: Clients, reg: Registry, build_id: str) -> list[str]:
+    try:
+        blob = clients.get_storage().bucket(reg.staging_bucket).get_blob(f"logs/log-{build_id}.txt")
+        return blob.download_as_text().splitlines()[-LOG_TAIL_LINES:] if blob is not None else []
+    except Exception:  # the log is a courtesy: its absence must not hide the build's own error
+        return []
+
+
+def follow(clients: Clients, reg: Registry, build: Any, out: Out) -> Any:
+    """Poll a Cloud Build build until it ends, printing each state change and a line every minute."""
+    from google.cloud.devtools import cloudbuild_v1 as cb
+
+    cbc = clients.get_cloud_build()
+    name = f"projects/{reg.project}/locations/{reg.region}/builds/{build.id}"
+    start = time.monotonic()
+    last_state, last_line = None, start
+    done = {cb.Build.Status.SUCCESS, cb.Build.Status.FAILURE, cb.Build.Status.INTERNAL_ERROR, cb.Build.Status.TIMEOUT,
+            cb.Build.Status.CANCELLED, cb.Build.Status.EXPIRED}
+    while True:
+        now = time.monotonic()
+        state = cb.Build.Status(build.status)
+        if state != last_state or now - last_line >= PROGRESS_EVERY_S:
+            out(f"      build {build.id}: {state.name} [{now - start:.0f} s]")
+            last_state, last_line = state, now
+        if state in done:
+            break
+        time.sleep(POLL_INTERVAL_S)
+        request = {"name": name, "project_id": reg.project, "id": build.id}
+        build = _call("follow build", name, lambda r=request: cbc.get_build(request=r))
+    if state != cb.Build.Status.SUCCESS:
+        for line in _log_tail(clients, reg, build.id):
+            out(f"      | {line}")
+        detail = build.failure_info.detail or build.status_detail or state.name
+        raise UserError(f"Cloud Build {build.id} ended {state.name}: {detail}; nothing was pushed. Its log: {build.log_url}")
+    return build
+
+
+def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -> int:
+    ctx = context(Path(args.context) if args.context else None, args.dockerfile)
+    reg = registry_of(dep)
+    image = reg.image(ctx.tag)
+    out(f"Training image for project {dep.project}, region {dep.region}:")
+    out(f"  = {ctx.dockerfile}: build context of {len(ctx.files)} file(s) ({', '.join(ctx.files)}), tag {ctx.tag}")
+    pre = iam_preflight.check(clients, dep.project, PERMISSIONS)
+    state = image_state(clients, reg, ctx.tag)
+    if state == "built":
+        out(f"  = image {image}")
+        out(f"Nothing to do: the image of these sources exists. Write it into your values: "
+            f"`gemma3-ray values --image -o {dep.release}-values.yaml`.")
+        return 0
+    ready = state != "no-repository"
+    out(f"  {'=' if ready else '!'} Artifact Registry repository {reg.host}"
+        + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --image`"))
+    out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
+    out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} . -> push {image} "
+        f"(log: gs://{reg.staging_bucket}/logs/)")
+    out(f"  {'=' if not pre.missing else '!'} {pre.line()}")
+    if not args.apply:
+        out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags; 10-25 minutes).")
+        return 0
+    if not ready:
+        raise NotFound(f"The Artifact Registry repository {reg.path} does not exist: run `gemma3-ray prereqs --image` "
+                       "first.")
+    pre.require(dep.project)
+    out(f"  ... uploading gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
+    blob = clients.get_storage().bucket(reg.staging_bucket).blob(f"source/{ctx.tag}.tgz")
+    _call("upload to", f"gs://{reg.staging_bucket}", lambda: blob.upload_from_string(ctx.tarball(), "application/gzip"))
+    out(f"  ... submitting the build of {image}")
+    cbc = clients.get_cloud_build()
+    op = _call("start a build in", f"projects/{dep.project}", lambda: cbc.create_build(request={
+        "parent": f"projects/{dep.project}/locations/{dep.region}", "project_id": dep.project,
+        "build": build_request(reg, ctx)}))
+    build = follow(clients, reg, op.metadata.build, out)
+    digest = build.results.images[0].digest if build.results.images else ""
+    out(f"Done: pushed {image}{'@' + digest if digest else ''}. Next: "
+        f"`gemma3-ray values --image -o {dep.release}-values.yaml`.")
+    return 0

@@ -1,0 +1,213 @@
+"""`prereqs --image`, `image build` and `values --image` against gcp-storage-emulator (the staging
+bucket, the uploaded context, the build log) and the Artifact Registry / Cloud Build / Container /
+Resource Manager fakes (operations, 409, 403, 404, grants the build really needs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from gemma3_ray import cli, image_build
+from gemma3_ray.gcp_clients import Clients
+from google.cloud import container_v1 as gke
+
+from tests.plugin.build_fakes import FakeArtifactRegistry, FakeCloudBuild
+from tests.plugin.conftest import ALL_SERVICES, PROJECT, PROJECT_NUMBER, REGION, storage_client
+from tests.plugin.container_fakes import FakeContainer, FakeResourceManager
+from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
+
+REPO = f"projects/{PROJECT}/locations/{REGION}/repositories/gemma3-ray"
+HOST = f"{REGION}-docker.pkg.dev/{PROJECT}/gemma3-ray"
+STAGING = f"{PROJECT}-gemma3-ray-build"
+BUILDER = f"serviceAccount:{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+NODES = f"nodes@{PROJECT}.iam.gserviceaccount.com"
+DOCKERFILE = """\
+# syntax=docker/dockerfile:1
+FROM rayproject/ray:2.60.0-py311-gpu AS base
+COPY --chown=ray:users trainer/requirements.txt \\
+     /tmp/requirements.txt
+RUN pip install --no-cache-dir -r /tmp/requirements.txt
+FROM base
+COPY --from=base /tmp/requirements.txt /tmp/again.txt
+COPY ["images/trainer/extra*.txt", "/opt/"]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fast_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image_build, "POLL_INTERVAL_S", 0.0)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    (root / "images/trainer").mkdir(parents=True)
+    (root / "trainer").mkdir()
+    (root / "images/trainer/Dockerfile").write_text(DOCKERFILE)
+    (root / "images/trainer/extra-a.txt").write_text("a\n")
+    (root / "trainer/requirements.txt").write_text("ray[train]==2.60.0\ntorch==2.11.0\n")
+    (root / "trainer/vision_train.py").write_text("# not copied by the Dockerfile\n")
+    return root
+
+
+@dataclass
+class Cloud:
+    url: str
+    usage: FakeServiceUsage
+    iam: FakeIAM
+    registry: FakeArtifactRegistry
+    build: FakeCloudBuild
+    container: FakeContainer
+    rm: FakeResourceManager
+
+    def clients(self) -> Clients:
+        return Clients(project=PROJECT, storage=storage_client(self.url), iam=self.iam, service_usage=self.usage,
+                       container=self.container, resource_manager=self.rm, cloud_build=self.build,
+                       artifact_registry=self.registry)
+
+
+@pytest.fixture
+def cloud(gcs_iam_emulator: str) -> Cloud:
+    registry = FakeArtifactRegistry()
+    container = FakeContainer(PROJECT)
+    nodes = gke.NodeConfig(machine_type="e2-standard-32", service_account=NODES)
+    container.ready(REGION, gke.Cluster(name="trainers", node_pools=[gke.NodePool(name="p", initial_node_count=1,
+                                                                                     config=nodes)]))
+    return Cloud(gcs_iam_emulator, FakeServiceUsage(PROJECT_NUMBER, enabled=set(ALL_SERVICES)), FakeIAM(), registry,
+                 FakeCloudBuild(PROJECT, PROJECT_NUMBER, registry, storage_client(gcs_iam_emulator)), container,
+                 FakeResourceManager(PROJECT, number=PROJECT_NUMBER))
+
+
+BASE = ["--project", PROJECT, "--region", REGION, "--cluster", "trainers", "--no-kube-context"]
+
+
+def _members(policy, role: str) -> set[str]:  # type: ignore[no-untyped-def]
+    return {m for b in policy.bindings if b.role == role for m in b.members}
+
+
+def _bucket_members(url: str, bucket: str, role: str) -> set[str]:
+    policy = storage_client(url).bucket(bucket).get_iam_policy(requested_policy_version=3)
+    return {m for b in policy.bindings if b["role"] == role for m in b["members"]}
+
+
+def test_the_context_is_what_the_dockerfile_copies_and_its_tag_follows_the_pins(source: Path) -> None:
+    ctx = image_build.context(source)
+    assert ctx.files == ("images/trainer/Dockerfile", "images/trainer/extra-a.txt", "trainer/requirements.txt")
+    assert ctx.tarball() == image_build.context(source).tarball()  # reproducible bytes
+    tag = ctx.tag
+    (source / "trainer/vision_train.py").write_text("# changed, but not in the image\n")
+    assert image_build.context(source).tag == tag
+    (source / "trainer/requirements.txt").write_text("ray[train]==2.60.0\ntorch==2.11.1\n")
+    assert image_build.context(source).tag != tag
+    (source / "images/trainer/Dockerfile").write_text(DOCKERFILE + "COPY missing.txt /x\n")
+    with pytest.raises(image_build.NotFound, match="copies 'missing.txt', which does not exist"):
+        image_build.context(source)
+
+
+def test_prereqs_image_grants_only_the_node_pull_identity_and_the_builder(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str],
+) -> None:
+    cloud.usage.enabled -= {"artifactregistry.googleapis.com", "cloudbuild.googleapis.com"}
+    assert cli.main(["prereqs", "--dry-run", "--image", *BASE], cloud.clients()) == 0
+    out = capsys.readouterr().out
+    assert "+ enable APIs: artifactregistry.googleapis.com, cloudbuild.googleapis.com" in out
+    assert f"+ create Artifact Registry Docker repository {HOST}" in out
+    assert f"+ grant roles/artifactregistry.reader on {HOST} for serviceAccount:{NODES}" in out
+    assert "for the Cloud Build service account (read once the API is enabled)" in out
+    assert cloud.registry.mutations() == [] and cloud.usage.mutations() == []
+
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    capsys.readouterr()
+    assert set(cloud.registry.repositories) == {REPO}
+    policy = cloud.registry.policies[REPO]
+    assert _members(policy, "roles/artifactregistry.reader") == {f"serviceAccount:{NODES}"}
+    assert _members(policy, "roles/artifactregistry.writer") == {BUILDER}
+    assert {b.role for b in policy.bindings} == {"roles/artifactregistry.reader", "roles/artifactregistry.writer"}
+    assert _bucket_members(cloud.url, STAGING, "roles/storage.objectAdmin") == {BUILDER}
+    bucket = storage_client(cloud.url).get_bucket(STAGING)
+    assert bucket.iam_configuration.public_access_prevention == "enforced"
+
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert "Nothing to do" in capsys.readouterr().out
+
+
+def test_without_a_cluster_the_compute_default_account_pulls(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["prereqs", "--dry-run", "--image", "--project", PROJECT, "--region", REGION, "--no-kube-context"]
+    assert cli.main(args, cloud.clients()) == 0
+    assert f"for {BUILDER}" in capsys.readouterr().out.split("roles/artifactregistry.reader", 1)[1].splitlines()[0]
+
+
+def test_build_plans_then_pushes_then_values_writes_it(
+    cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(image_build, "repo_root", lambda: source)  # values --image reads the repository's Dockerfile
+    build = ["image", "build", "--context", str(source), *BASE]
+    tag = image_build.context(source).tag
+    assert cli.main(build, cloud.clients()) == 0
+    out = capsys.readouterr().out
+    assert f"! Artifact Registry repository {HOST} MISSING: create it with `gemma3-ray prereqs --image`" in out
+    assert f"push {HOST}/trainer:{tag}" in out and "Dry run: nothing changed" in out
+    assert cli.main([*build, "--apply"], cloud.clients()) == 1
+    assert "run `gemma3-ray prereqs --image` first" in capsys.readouterr().err
+    assert cli.main(["values", "--image", *BASE], cloud.clients()) == 1
+    assert "build it with `gemma3-ray prereqs --image`, then `gemma3-ray image build --apply`" in capsys.readouterr().err
+    assert cloud.build.mutations() == []
+
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    capsys.readouterr()
+    assert cli.main([*build, "--apply"], cloud.clients()) == 0
+    out = capsys.readouterr().out
+    states = [line.split(": ")[1].split(" ")[0] for line in out.splitlines() if "build build-0001:" in line]
+    assert states == ["QUEUED", "WORKING", "SUCCESS"], out
+    assert f"Done: pushed {HOST}/trainer:{tag}@sha256:" in out
+    uploaded = storage_client(cloud.url).bucket(STAGING).get_blob(f"source/{tag}.tgz")
+    assert uploaded.download_as_bytes() == image_build.context(source).tarball()
+    (made,) = cloud.build.builds.values()
+    assert list(made.steps[0].args) == ["build", "--file", "images/trainer/Dockerfile", "--tag", f"{HOST}/trainer:{tag}", "."]
+    assert made.logs_bucket == f"gs://{STAGING}/logs"
+
+    assert cli.main([*build, "--apply"], cloud.clients()) == 0
+    assert "Nothing to do: the image of these sources exists" in capsys.readouterr().out
+    assert len(cloud.build.mutations()) == 1
+
+    values = tmp_path / "v.yaml"
+    assert cli.main(["values", "--image", "-o", str(values), *BASE], cloud.clients()) == 0
+    text = values.read_text()
+    assert f"repository: {HOST}/trainer" in text and f"tag: {tag}" in text
+
+
+def test_a_failed_build_prints_its_log_and_pushes_nothing(
+    cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    capsys.readouterr()
+    cloud.build.fail_step = "ERROR: No matching distribution found for torch==2.11.0"
+    assert cli.main(["image", "build", "--apply", "--context", str(source), *BASE], cloud.clients()) == 1
+    captured = capsys.readouterr()
+    assert "| Step #0: ERROR: No matching distribution found for torch==2.11.0" in captured.out
+    assert "ended FAILURE: Build step failure" in captured.err and "nothing was pushed" in captured.err
+    assert "Done:" not in captured.out and cloud.registry.tags == {}
+
+
+def test_the_builder_grant_is_what_lets_it_push(cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    policy = cloud.registry.policies[REPO]
+    for b in policy.bindings:
+        if b.role == "roles/artifactregistry.writer":
+            b.members.remove(BUILDER)
+    assert cli.main(["image", "build", "--apply", "--context", str(source), *BASE], cloud.clients()) == 1
+    assert "uploadArtifacts\" denied" in capsys.readouterr().err
+    assert cloud.registry.tags == {}
+
+
+def test_missing_build_permissions_stop_it_before_the_upload(
+    cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    cloud.rm.granted = {"artifactregistry.repositories.get", "artifactregistry.tags.get", "storage.objects.create"}
+    assert cli.main(["image", "build", "--apply", "--context", str(source), *BASE], cloud.clients()) == 1
+    err = capsys.readouterr().err
+    assert "you lack cloudbuild.builds.create, cloudbuild.builds.get" in err and "roles/cloudbuild.builds.editor" in err
+    assert list(storage_client(cloud.url).list_blobs(STAGING)) == []
+    assert cloud.build.mutations() == []

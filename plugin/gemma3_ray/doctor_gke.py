@@ -94,4 +94,41 @@ def checks(dep: Deployment, clients: Clients, values: dict[str, Any] | None = No
                      f"{pool or 'none'} (want {spec.workload_pool}): Workload Identity is off, so the Ray pods cannot act "
                      f"as the Google service account; run `gemma3-ray cluster create --apply --cluster {spec.name}`"))
     out += driver_checks(cluster, values, fetch)
-    return out
+    return out + image_checks(dep, clients, values)
+
+
+def image_checks(dep: Deployment, clients: Clients, values: dict[str, Any] | None) -> list[Check]:
+    """The training image the values name, when it is this project's Artifact Registry repository: it exists,
+    it is the build of the current sources, and the cluster's nodes may pull it."""
+    from gemma3_ray import artifact_registry, image_build
+
+    name = "training image"
+    image = ((values or {}).get("workers") or {}).get("image") or {}
+    reg = artifact_registry.registry_of(dep)
+    repository, tag = str(image.get("repository") or ""), str(image.get("tag") or "")
+    if not repository.startswith(reg.host + "/"):
+        return []  # the runtime env, or an image elsewhere: nothing of ours to check
+    try:
+        state = image_build.image_state(clients, reg, tag)
+        if state != "built":
+            return [Check(name, False, f"{repository}:{tag} does not exist: run `gemma3-ray image build --apply`"
+                          + (" after `gemma3-ray prereqs --image`" if state == "no-repository" else ""))]
+        out = [Check(name, True, f"{repository}:{tag} exists")]
+        try:
+            current = image_build.context().tag
+        except UserError:
+            current = tag  # no Dockerfile beside the plugin: nothing to compare
+        if current != tag:
+            out.append(Warning_("training image sources", True, f"the values use {tag}, the Dockerfile and pins here "
+                                f"build {current}: run `gemma3-ray image build --apply` and `gemma3-ray values --image`"))
+        pullers, _ = artifact_registry.node_pull_identities(dep, clients)
+        registry = clients.get_artifact_registry()
+        policy = artifact_registry._call("read the IAM policy of", reg.path,
+                                         lambda: registry.get_iam_policy(request={"resource": reg.path}))
+        readers = {m for b in policy.bindings if b.role == artifact_registry.READER for m in b.members}
+        lacking = [sa for sa in pullers if f"serviceAccount:{sa}" not in readers]
+        out.append(Check("image pull access", not lacking, f"{', '.join(pullers)} may read {reg.host}" if not lacking
+                         else f"{', '.join(lacking)} cannot read {reg.host}: run `gemma3-ray prereqs --image`"))
+        return out
+    except UserError as exc:
+        return [Check(name, False, str(exc))]

@@ -27,7 +27,7 @@ from google.api_core import exceptions as gexc
 from gemma3_ray import iam_preflight, names
 from gemma3_ray.artifact_registry import Registry, registry_of
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import NotFound, UserError, translate
+from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, translate
 from gemma3_ray.gcp_clients import Clients
 
 DOCKERFILE = "images/trainer/Dockerfile"
@@ -205,8 +205,18 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     image = reg.image(ctx.tag)
     out(f"Training image for project {dep.project}, region {dep.region}:")
     out(f"  = {ctx.dockerfile}: build context of {len(ctx.files)} file(s) ({', '.join(ctx.files)}), tag {ctx.tag}")
-    pre = iam_preflight.check(clients, dep.project, PERMISSIONS)
-    state = image_state(clients, reg, ctx.tag)
+    try:
+        pre = iam_preflight.check(clients, dep.project, PERMISSIONS)
+        state = image_state(clients, reg, ctx.tag)
+    except NotLoggedIn:
+        if args.apply:
+            raise
+        out(f"  ? Artifact Registry repository {reg.host}, image {image}: not checked (not logged in)")
+        out(f"  + upload the build context to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
+        out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} . -> push {image}")
+        out("  ? permissions: not checked (not logged in)")
+        out("Dry run: nothing checked or changed (no Google credentials: `gcloud auth application-default login`).")
+        return 0
     if state == "built":
         out(f"  = image {image}")
         out(f"Nothing to do: the image of these sources exists. Write it into your values: "

@@ -211,3 +211,45 @@ def test_missing_build_permissions_stop_it_before_the_upload(
     assert "you lack cloudbuild.builds.create, cloudbuild.builds.get" in err and "roles/cloudbuild.builds.editor" in err
     assert list(storage_client(cloud.url).list_blobs(STAGING)) == []
     assert cloud.build.mutations() == []
+
+
+def test_doctor_checks_the_image_the_values_name(
+    cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gemma3_ray import doctor_gke
+    from gemma3_ray.deployment import Overrides, resolve
+
+    monkeypatch.setattr(image_build, "repo_root", lambda: source)
+    dep = resolve(Overrides(project=PROJECT, region=REGION, cluster="trainers"), None, None)
+    tag = image_build.context().tag
+    values = {"workers": {"image": {"repository": f"{HOST}/trainer", "tag": tag}}}
+    (missing,) = doctor_gke.image_checks(dep, cloud.clients(), values)
+    assert not missing.ok and "after `gemma3-ray prereqs --image`" in missing.detail
+    assert doctor_gke.image_checks(dep, cloud.clients(), {"workers": {"image": {"repository": "rayproject/ray"}}}) == []
+
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["image", "build", "--apply", *BASE], cloud.clients()) == 0
+    capsys.readouterr()
+    checks = doctor_gke.image_checks(dep, cloud.clients(), values)
+    assert [c.line() for c in checks] == [f"[ok] training image: {HOST}/trainer:{tag} exists",
+                                          f"[ok] image pull access: {NODES} may read {HOST}"]
+
+    (source / "trainer/requirements.txt").write_text("ray[train]==2.60.0\ntorch==2.11.1\n")
+    for b in cloud.registry.policies[REPO].bindings:
+        if b.role == "roles/artifactregistry.reader":
+            b.members.remove(f"serviceAccount:{NODES}")
+    by_name = {c.name: c for c in doctor_gke.image_checks(dep, cloud.clients(), values)}
+    assert by_name["training image sources"].line().startswith("[warn]")
+    assert not by_name["image pull access"].ok and "run `gemma3-ray prereqs --image`" in by_name["image pull access"].detail
+
+
+@pytest.mark.usefixtures("gcloud_home")
+def test_offline_plan_without_credentials(source: Path, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    args = ["image", "build", "--context", str(source), *BASE]
+    assert cli.main(args, Clients(project=PROJECT)) == 0
+    out = capsys.readouterr().out
+    assert f"image {HOST}/trainer:{image_build.context(source).tag}: not checked (not logged in)" in out
+    assert cli.main([*args, "--apply"], Clients(project=PROJECT)) == 1
+    assert "Not logged in" in capsys.readouterr().err

@@ -154,6 +154,9 @@ def describe(spec: ClusterSpec) -> str:
             f"release channel {RELEASE_CHANNEL.name}")
     if spec.standard:
         text += f"; node pool {CPU_POOL} (1 × {spec.cpu_machine_type}, the Ray head); " + describe_gpu_pool(spec)
+    elif spec.reservation:
+        text += (f"; GPU nodes come on demand, from reservation {spec.reservation} once the values say so "
+                 f"(`gemma3-ray values --reservation {spec.reservation}`)")
     return text
 
 

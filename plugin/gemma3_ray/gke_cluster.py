@@ -27,6 +27,7 @@ from gemma3_ray.errors import ClusterError, MissingSetting, UserError, translate
 from gemma3_ray.prereqs import Action, Plan
 
 DEFAULT_CLUSTER = names.PRODUCT
+SERVICE = "container.googleapis.com"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # GKE's key for a specific reservation
 # The Standard cluster's CPU pool holds the Ray head: the chart's head asks 24 CPU / 64Gi.
 DEFAULT_CPU_MACHINE_TYPE = "e2-standard-32"

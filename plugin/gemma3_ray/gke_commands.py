@@ -8,8 +8,11 @@ from collections.abc import Callable
 
 from gemma3_ray import gke_cluster, iam_preflight
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError
+from gemma3_ray.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError, translate
 from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.prereqs import Action, Plan
+
+ENABLE_TIMEOUT_S = 300
 
 Out = Callable[[str], None]
 
@@ -53,10 +56,12 @@ def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
     pre = iam_preflight.check(clients, spec.project, gke_cluster.PERMISSIONS["create"])
     if "container.clusters.get" in pre.missing:
         pre.require(spec.project)
-    plan = gke_cluster.plan_create(container, spec, out)
+    plan = _container_api(clients, spec, container, out)
+    if plan is None:
+        plan = gke_cluster.plan_create(container, spec, out)
     for line in plan.lines():
         out(line)
-    out(f"  {'=' if not pre.missing else '!'} {pre.line()}")
+    out(f"  {pre.mark} {pre.line()}")
     if not plan.actions:
         out(f"Nothing to do: the cluster is ready. Next: `{spec.credentials_command()}`, then `gemma3-ray prereqs`.")
         return 0
@@ -71,6 +76,31 @@ def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
         action.run()
     out(f"Done: {len(plan.actions)} change(s) applied. Next: `{spec.credentials_command()}`, then `gemma3-ray prereqs`.")
     return 0
+
+
+def _container_api(clients: Clients, spec: gke_cluster.ClusterSpec, container: object, out: Out) -> Plan | None:
+    """In a project whose Container API is off (a new one): enable it, then create (None: it is on)."""
+    su = clients.get_service_usage()
+    name = f"projects/{spec.project}/services/{gke_cluster.SERVICE}"
+    try:
+        state = su.get_service(request={"name": name}).state.name
+    except Exception as exc:
+        raise translate(exc, "read the state of", name) from exc
+    if state == "ENABLED":
+        return None
+
+    def enable() -> None:
+        try:
+            su.batch_enable_services(request={"parent": f"projects/{spec.project}",
+                                              "service_ids": [gke_cluster.SERVICE]}).result(timeout=ENABLE_TIMEOUT_S)
+        except Exception as exc:
+            raise translate(exc, "enable the Container API in", f"projects/{spec.project}") from exc
+
+    plan = Plan()
+    plan.actions.append(Action(f"enable API {gke_cluster.SERVICE} (the cluster's state is unknown until it is on)", enable))
+    plan.actions.append(Action(f"create {gke_cluster.describe(spec)}", lambda: [
+        a.run() for a in gke_cluster.plan_create(container, spec, out).actions]))
+    return plan
 
 
 def _confirm(name: str) -> bool:
@@ -96,7 +126,7 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
     out(f"  - delete cluster {spec.path} ({kind}) with every workload, Ray cluster and persistent disk in it")
     out("  = kept: the bucket and its checkpoints, the Google service accounts, the images "
         "(`gemma3-ray down --prereqs` removes the prerequisites)")
-    out(f"  {'=' if not pre.missing else '!'} {pre.line()}")
+    out(f"  {pre.mark} {pre.line()}")
     if args.dry_run:
         out("Dry run: nothing changed.")
         return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gemma3_ray.errors import ROLE_FOR_PERMISSION, PermissionDenied, UserError, translate
+from gemma3_ray.errors import ROLE_FOR_PERMISSION, ApiDisabled, PermissionDenied, UserError, translate
 from gemma3_ray.gcp_clients import Clients
 
 
@@ -18,8 +18,15 @@ def role_for(permission: str) -> str:
 class Preflight:
     needed: tuple[str, ...]
     missing: tuple[str, ...]
+    unchecked: str = ""  # why the permissions could not be tested (then nothing is refused up front)
+
+    @property
+    def mark(self) -> str:
+        return "?" if self.unchecked else "!" if self.missing else "="
 
     def line(self) -> str:
+        if self.unchecked:
+            return f"permissions: not checked ({self.unchecked})"
         if not self.missing:
             return f"permissions: you hold all {len(self.needed)} this needs ({', '.join(self.needed)})"
         return "permissions MISSING on the project: " + "; ".join(
@@ -43,5 +50,8 @@ def check(clients: Clients, project: str, permissions: Iterable[str]) -> Preflig
     except UserError:
         raise
     except Exception as exc:
-        raise translate(exc, "test your permissions on", resource) from exc
+        err = translate(exc, "test your permissions on", resource)
+        if isinstance(err, ApiDisabled):  # a new project may not have the Resource Manager API on yet
+            return Preflight(needed, (), unchecked=str(err).split(":", 1)[0])
+        raise err from exc
     return Preflight(needed, tuple(p for p in needed if p not in granted))

@@ -228,7 +228,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
     out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} . -> push {image} "
         f"(log: gs://{reg.staging_bucket}/logs/)")
-    out(f"  {'=' if not pre.missing else '!'} {pre.line()}")
+    out(f"  {pre.mark} {pre.line()}")
     if not args.apply:
         out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags; 10-25 minutes).")
         return 0

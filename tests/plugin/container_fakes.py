@@ -20,11 +20,18 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import container_v1 as gke
 from google.iam.v1 import iam_policy_pb2
-from google.rpc import code_pb2, status_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from tests.plugin.gcp_fakes import ALL, _denied, _req
 
 GKE_VERSION = "1.33.5-gke.1080000"
+
+
+def _service_disabled(service: str, number: str) -> gexc.PermissionDenied:
+    info = error_details_pb2.ErrorInfo(reason="SERVICE_DISABLED", domain="googleapis.com",
+                                       metadata={"service": service, "consumer": f"projects/{number}"})
+    return gexc.PermissionDenied(f"{service} has not been used in project {number} before or it is disabled.",
+                                 details=[info])
 S = gke.Operation.Status
 
 
@@ -46,6 +53,7 @@ class FakeContainer:
     polls_per_state: int = 1
     version: str = GKE_VERSION
     fail_next: tuple[int, str] | None = None  # (google.rpc code, message) for the next operation's outcome
+    usage: Any = None  # a FakeServiceUsage: every call is SERVICE_DISABLED until container.googleapis.com is on
     clusters: dict[str, gke.Cluster] = field(default_factory=dict)
     operations: dict[str, _Op] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
@@ -54,6 +62,8 @@ class FakeContainer:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _check(self, permission: str, resource: str) -> None:
+        if self.usage is not None and "container.googleapis.com" not in self.usage.enabled:
+            raise _service_disabled("container.googleapis.com", self.usage.project_number)
         if self.allowed != ALL and permission not in self.allowed:
             raise _denied(permission, resource)
 
@@ -227,6 +237,7 @@ class FakeResourceManager:
     project: str
     granted: set[str] | str = ALL
     number: str = "123456789012"
+    api_disabled: bool = False  # cloudresourcemanager.googleapis.com off in the project
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
     def get_project(self, request: Any = None) -> Any:
@@ -242,6 +253,8 @@ class FakeResourceManager:
         r = _req(request)
         resource, permissions = r["resource"], list(r["permissions"])
         self.calls.append(("test_iam_permissions", resource, *permissions))
+        if self.api_disabled:
+            raise _service_disabled("cloudresourcemanager.googleapis.com", self.number)
         if resource != f"projects/{self.project}":
             raise gexc.PermissionDenied(f"The caller does not have permission on {resource}.")
         bad = [p for p in permissions if p.count(".") != 2]  # noqa: PLR2004

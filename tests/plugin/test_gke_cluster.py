@@ -10,8 +10,9 @@ from gemma3_ray import cli, gke_cluster
 from gemma3_ray.gcp_clients import Clients
 from google.cloud import container_v1 as gke
 
-from tests.plugin.conftest import PROJECT, REGION, GcloudHome
+from tests.plugin.conftest import PROJECT, PROJECT_NUMBER, REGION, GcloudHome
 from tests.plugin.container_fakes import RESOURCE_EXHAUSTED, FakeContainer, FakeResourceManager
+from tests.plugin.gcp_fakes import FakeServiceUsage
 
 PATH = f"projects/{PROJECT}/locations/{REGION}/clusters/gemma3-ray"
 BASE = ["--no-kube-context"]
@@ -30,7 +31,9 @@ def gcloud(gcloud_home: GcloudHome) -> GcloudHome:
 
 
 def _clients(container: FakeContainer, rm: FakeResourceManager | None = None) -> Clients:
-    return Clients(project=PROJECT, container=container, resource_manager=rm or FakeResourceManager(PROJECT))
+    usage = container.usage or FakeServiceUsage(PROJECT_NUMBER, enabled={"container.googleapis.com"})
+    return Clients(project=PROJECT, container=container, resource_manager=rm or FakeResourceManager(PROJECT),
+                   service_usage=usage)
 
 
 def test_autopilot_plan_then_create_then_nothing_to_do(gcloud: GcloudHome, capsys: pytest.CaptureFixture[str]) -> None:
@@ -241,3 +244,17 @@ def test_offline_plan_without_credentials(gcloud: GcloudHome, capsys: pytest.Cap
     assert "[not checked: not logged in]" in out and "permissions: not checked" in out
     assert cli.main(["cluster", "create", "--apply", *BASE], Clients(project=PROJECT)) == 1
     assert "Not logged in" in capsys.readouterr().err
+
+
+def test_an_empty_project_gets_the_container_api_first(gcloud: GcloudHome, capsys: pytest.CaptureFixture[str]) -> None:
+    usage = FakeServiceUsage(PROJECT_NUMBER, enabled=set())
+    fake = FakeContainer(PROJECT, usage=usage)
+    rm = FakeResourceManager(PROJECT, api_disabled=True)
+    assert cli.main(["cluster", "create", *BASE], _clients(fake, rm)) == 0
+    out = capsys.readouterr().out
+    assert "+ enable API container.googleapis.com" in out and "+ create Autopilot cluster gemma3-ray" in out
+    assert "permissions: not checked (The cloudresourcemanager.googleapis.com API is disabled in project" in out
+    assert usage.mutations() == [] and fake.mutations() == []
+    assert cli.main(["cluster", "create", "--apply", *BASE], _clients(fake, rm)) == 0
+    assert usage.enabled == {"container.googleapis.com"}
+    assert fake.clusters[PATH].status == gke.Cluster.Status.RUNNING

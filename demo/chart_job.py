@@ -21,6 +21,8 @@ TRAINER_COMPONENT = "trainer-code"
 ENTRY_SCRIPT = "vision_train.py"
 # Packages whose local build may differ from the pin: CPU machines use the local CPU torch wheel.
 PIN_EXEMPT = {"torch": "the local CPU build; the pin is the GPU image's"}
+# Ray runtime env fields that install the pins (chart: rayJob.runtimeEnv.installer).
+INSTALLERS = ("pip", "uv")
 
 
 class DemoError(RuntimeError):
@@ -205,14 +207,16 @@ def check_pins(packages: list[str]) -> list[PinCheck]:
 
 
 def local_runtime_env(job: ChartJob, working_dir: Path, extra_env: dict[str, str]) -> tuple[dict[str, Any], list[PinCheck]]:
-    """The runtime env to submit locally: the rendered one with its pip list verified and left out.
+    """The runtime env to submit locally: the rendered one with its pip/uv list verified and left out.
 
     Raises DemoError when the local Python does not satisfy a pin (installing packages into a local
     cluster's job environment would take minutes and the network; ``make setup`` installs the pins).
     """
     env = dict(job.runtime_env)
-    pip = env.pop("pip", None)
-    packages = (pip.get("packages") if isinstance(pip, dict) else pip) or []
+    packages: list[str] = []
+    for installer in INSTALLERS:  # the chart renders one of them (rayJob.runtimeEnv.installer), or none
+        spec = env.pop(installer, None)
+        packages += (spec.get("packages") if isinstance(spec, dict) else spec) or []
     checks = check_pins(list(packages))
     bad = [c for c in checks if not c.ok]
     if bad:

@@ -122,10 +122,18 @@ The runtime env's pip list: every requirement line except comments, blank lines 
 {{- toJson $out -}}
 {{- end -}}
 
-{{/* Arguments: dict "root" $ "role" "head"|"worker". */}}
+{{/*
+Arguments: dict "root" $ "role" "head"|"worker"|"submitter". With dependencies=image, workers run
+the training image (workers.image) and so does the head unless head.image.repository is set: the
+driver and Ray Train's controller run there. The submitter only runs `ray job submit`: always the
+head's own (default: stock Ray) image.
+*/}}
 {{- define "gemma3-ray.image" -}}
 {{- $v := .root.Values -}}
-{{- $group := ternary $v.head $v.workers (eq .role "head") -}}
+{{- $group := ternary $v.workers $v.head (eq .role "worker") -}}
+{{- if and (eq $v.dependencies "image") (eq .role "head") (not $v.head.image.repository) -}}
+{{- $group = $v.workers -}}
+{{- end -}}
 {{- $repo := default $v.image.repository $group.image.repository -}}
 {{- $tag := printf "%s-%s" (include "gemma3-ray.rayVersion" .root) $v.image.pythonTag -}}
 {{- if and (eq .role "worker") (gt (int $v.workers.gpusPerNode) 0) -}}
@@ -228,17 +236,26 @@ sorted order, each as one shell-quoted --key=value word.
 {{- printf "python %s/vision_train.py %s" (include "gemma3-ray.trainerMountPath" .) (include "gemma3-ray.trainerArgs" .) -}}
 {{- end -}}
 
+{{/*
+The job's runtime env. dependencies=runtimeEnv: the pins (and extraPip) under Ray's `pip` or `uv`
+field, installed at every job start; dependencies=image: no installer field at all (the image has
+them). Always `config.setup_timeout_seconds`.
+*/}}
 {{- define "gemma3-ray.runtimeEnv" -}}
-{{- range $i, $p := .Values.rayJob.runtimeEnv.extraPip -}}
+{{- $rt := .Values.rayJob.runtimeEnv -}}
+{{- range $i, $p := $rt.extraPip -}}
 {{- include "gemma3-ray.checkRuntimeEnvText" (dict "key" (printf "rayJob.runtimeEnv.extraPip[%d]" $i) "text" $p) -}}
 {{- end -}}
-{{- $pip := concat (include "gemma3-ray.pipPackages" . | fromJsonArray) .Values.rayJob.runtimeEnv.extraPip -}}
 {{- $env := dict -}}
-{{- range $k, $v := .Values.rayJob.runtimeEnv.envVars -}}
+{{- range $k, $v := $rt.envVars -}}
 {{- include "gemma3-ray.checkRuntimeEnvText" (dict "key" (printf "rayJob.runtimeEnv.envVars.%s" $k) "text" (toString $v)) -}}
 {{- $_ := set $env $k (toString $v) -}}
 {{- end -}}
-{{- $re := dict "pip" (dict "packages" $pip "pip_check" false) -}}
+{{- $re := dict "config" (dict "setup_timeout_seconds" (int $rt.setupTimeoutSeconds)) -}}
+{{- if eq .Values.dependencies "runtimeEnv" -}}
+{{- $packages := concat (include "gemma3-ray.pipPackages" . | fromJsonArray) $rt.extraPip -}}
+{{- $_ := set $re $rt.installer (dict "packages" $packages (printf "%s_check" $rt.installer) false) -}}
+{{- end -}}
 {{- if $env -}}
 {{- $_ := set $re "env_vars" $env -}}
 {{- end -}}

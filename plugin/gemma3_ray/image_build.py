@@ -31,6 +31,10 @@ from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, translate
 from gemma3_ray.gcp_clients import Clients
 
 DOCKERFILE = "images/trainer/Dockerfile"
+# The Dockerfile's required BASE_IMAGE build argument: the Ray GPU image of the requirements' ray pin
+# (images/trainer/README.md); the Dockerfile itself names no version.
+REQUIREMENTS = "trainer/requirements.txt"
+BASE_IMAGE = "rayproject/ray:{ray}-py311-gpu"
 BUILDER = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
 BUILD_DISK_GB = 200  # the Ray GPU base image and torch's CUDA wheels need room to unpack
@@ -145,6 +149,16 @@ def existing_image(dep: Deployment, clients: Clients, ctx: Context | None = None
                    f"build it with {how}, or leave out --image to install dependencies through the runtime env.")
 
 
+def base_image(ctx: Context) -> str:
+    """BASE_IMAGE for the build: the Ray GPU image of the ray pin in the context's requirements."""
+    path = ctx.root / REQUIREMENTS
+    pin = re.search(r"^ray(\[[^\]]*\])?==(\S+)", path.read_text(encoding="utf-8"), re.M) if path.is_file() else None
+    if not pin:
+        raise NotFound(f"No exact ray pin (ray[...]==X.Y.Z) in {REQUIREMENTS} under {ctx.root}: the training image's "
+                       "base is the Ray GPU image of that version.")
+    return BASE_IMAGE.format(ray=pin.group(2))
+
+
 def build_request(reg: Registry, ctx: Context) -> Any:
     from google.cloud.devtools import cloudbuild_v1 as cb
     from google.protobuf import duration_pb2
@@ -152,7 +166,8 @@ def build_request(reg: Registry, ctx: Context) -> Any:
     image = reg.image(ctx.tag)
     return cb.Build(
         source=cb.Source(storage_source=cb.StorageSource(bucket=reg.staging_bucket, object_=f"source/{ctx.tag}.tgz")),
-        steps=[cb.BuildStep(name=BUILDER, args=["build", "--file", ctx.dockerfile, "--tag", image, "."])],
+        steps=[cb.BuildStep(name=BUILDER, args=["build", "--file", ctx.dockerfile, "--build-arg", f"BASE_IMAGE={base_image(ctx)}",
+                                                "--tag", image, "."])],
         images=[image],
         logs_bucket=f"gs://{reg.staging_bucket}/logs",
         options=cb.BuildOptions(logging=cb.BuildOptions.LoggingMode.GCS_ONLY,
@@ -213,7 +228,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
             raise
         out(f"  ? Artifact Registry repository {reg.host}, image {image}: not checked (not logged in)")
         out(f"  + upload the build context to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-        out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} . -> push {image}")
+        out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} --build-arg BASE_IMAGE={base_image(ctx)} . -> push {image}")
         out("  ? permissions: not checked (not logged in)")
         out("Dry run: nothing checked or changed (no Google credentials: `gcloud auth application-default login`).")
         return 0
@@ -226,7 +241,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     out(f"  {'=' if ready else '!'} Artifact Registry repository {reg.host}"
         + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --image`"))
     out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-    out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} . -> push {image} "
+    out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} --build-arg BASE_IMAGE={base_image(ctx)} . -> push {image} "
         f"(log: gs://{reg.staging_bucket}/logs/)")
     out(f"  {pre.mark} {pre.line()}")
     if not args.apply:

@@ -164,7 +164,10 @@ def test_build_plans_then_pushes_then_values_writes_it(
     uploaded = storage_client(cloud.url).bucket(STAGING).get_blob(f"source/{tag}.tgz")
     assert uploaded.download_as_bytes() == image_build.context(source).tarball()
     (made,) = cloud.build.builds.values()
-    assert list(made.steps[0].args) == ["build", "--file", "images/trainer/Dockerfile", "--tag", f"{HOST}/trainer:{tag}", "."]
+    # images/trainer/Dockerfile requires BASE_IMAGE: the Ray GPU image of the requirements' ray pin.
+    assert list(made.steps[0].args) == ["build", "--file", "images/trainer/Dockerfile",
+                                        "--build-arg", "BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu",
+                                        "--tag", f"{HOST}/trainer:{tag}", "."]
     assert made.logs_bucket == f"gs://{STAGING}/logs"
 
     assert cli.main([*build, "--apply"], cloud.clients()) == 0

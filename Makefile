@@ -48,8 +48,9 @@ $(CHECKOV_VENV)/.stamp:
 	@touch $@
 
 # Debian packages the tests run: etcd-server for the real kube-apiserver of tests/lifecycle
-# (../shared/kube-apiserver). apt-get runs only when one is missing.
-APT_PACKAGES := etcd-server
+# (../shared/kube-apiserver); chromium (headless, with a font) renders report.html in tests/ and the
+# README screenshot. apt-get runs only when one is missing.
+APT_PACKAGES := etcd-server chromium fonts-dejavu-core
 apt-packages:  ## Debian packages the tests need (apt-get install only what is missing)
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

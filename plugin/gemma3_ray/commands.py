@@ -161,6 +161,9 @@ def cmd_status(args: argparse.Namespace, clients: Clients | None) -> int:
     ckpt = cluster.newest_checkpoint(clients.get_storage(), dep.bucket, dep.prefix)
     _out(f"Newest checkpoint: {ckpt.path} ({ckpt.updated})" if ckpt else
          f"Newest checkpoint: none yet under gs://{dep.bucket}/{dep.prefix}/")
+    from gemma3_ray import run_reports
+
+    _out(run_reports.status_line(clients.get_storage(), dep.bucket, dep.prefix))
     return 0
 
 

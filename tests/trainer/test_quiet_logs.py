@@ -1,0 +1,31 @@
+"""The silenced library lines: exactly the known-irrelevant message, matched against the library's own text."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+import quiet_logs
+
+
+@pytest.mark.parametrize(("name", "prefix", "why"), quiet_logs.IRRELEVANT)
+def test_the_message_is_the_librarys_own(name: str, prefix: str, why: str) -> None:
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)  # the installed pin's source, read without importing it
+    assert spec is not None and spec.submodule_search_locations
+    source = Path(spec.submodule_search_locations[0], *rest).with_suffix(".py")
+    assert f'"{prefix}' in source.read_text() and why
+
+
+def test_only_that_message_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    quiet_logs.install()
+    quiet_logs.install()  # idempotent: one filter
+    name, prefix, _ = quiet_logs.IRRELEVANT[0]
+    logger = logging.getLogger(name)
+    assert sum(isinstance(f, quiet_logs.DropMessage) for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING):
+        logger.warning(prefix + ": %s. Please make sure you already `pip install kernels`", "no network")
+        logger.warning("Something else from bitsandbytes: %s", "kept")
+    assert [r.getMessage() for r in caplog.records] == ["Something else from bitsandbytes: kept"]

@@ -2,7 +2,7 @@
 # The real job under Ray Train on the GPU machine: vision_train.py's own main (TorchTrainer, checkpoints,
 # summary) on the bench's random 4B model and synthetic rows.
 #   bench/e2e_ray.sh NUM_WORKERS [extra trainer flags...]
-# Env: E2E_ROWS (600), E2E_STEPS (30). Throughput per log interval lands in /tmp/e2e-N/metrics.jsonl.
+# Env: E2E_ROWS (600), E2E_STEPS (30). Throughput per log interval lands in /tmp/e2e-N/runs/<run>/metrics.jsonl (the log's first line names the run).
 set -euo pipefail
 . bench/device_env.sh
 n=$1; shift

@@ -46,7 +46,7 @@ from demo.local_cluster import (
     start_fake_gcs,
     start_ray_head,
 )
-from demo.report import load_run, plot_losses, summary_lines
+from demo.report import find_run, load_run, plot_losses, summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHART = ROOT / "charts" / "gemma3-ray"
@@ -233,9 +233,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             client = JobSubmissionClient(head.dashboard_url, headers=head.headers)
         storage_dir = gcs.local_path(storage)
+        run_name = job.flags.get("run_name")  # the chart's run of this revision; else the trainer names one
         outcome = run_job(
             client, entrypoint, runtime_env, run_dir / "job.log",
-            metrics_path=storage_dir / "metrics.jsonl",
+            metrics_path=lambda: (find_run(storage_dir, run_name) or storage_dir) / "metrics.jsonl",
             max_steps=int(job.flags["max_steps"]) if job.flags.get("max_steps") else None,
             on_tick=head.remember_pids if head else None,
             metadata={"source": "make demo", "configmap": job.configmap_name},
@@ -249,7 +250,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gcs.stop()
 
     # 4. Report.
-    summary, records = load_run(storage_dir)
+    run_storage = find_run(storage_dir, run_name)
+    if run_storage is None:
+        raise DemoError(f"the job finished but wrote no run under {storage_dir / 'runs'}: see the job log above")
+    summary, records = load_run(run_storage)
     png = plot_losses(records, run_dir / "loss.png", f"make demo: tiny Gemma 3, {summary.get('global_step')} steps")
     total_s = time.time() - float(make_start) if make_start else time.time() - started_wall
     label = "make demo total" if make_start else "demo total"
@@ -267,6 +271,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "job_log": str(outcome.log_path),
         "storage_uri": storage,
         "storage_dir": str(storage_dir),
+        "run_name": run_storage.name,
+        "run_uri": f"{storage}/runs/{run_storage.name}",
+        "run_storage_dir": str(run_storage),
         "configmap": job.configmap_name,
         "mount_path": job.mount_path,
         "rendered_entrypoint": job.entrypoint,

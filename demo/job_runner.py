@@ -18,6 +18,8 @@ PROGRESS_POLL_S = 2.0
 STATUS_POLL_S = 1.0
 LOG_TAIL_LINES = 60
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# The metrics.jsonl to follow, or a function that finds it (the run's directory appears once the job runs).
+MetricsPath = Path | Callable[[], Path] | None
 
 
 @dataclass
@@ -77,7 +79,7 @@ class _Out:
         self.stream.flush()
 
 
-async def _follow(client, submission_id: str, out: _Out, metrics_path: Path | None, max_steps: int | None) -> None:
+async def _follow(client, submission_id: str, out: _Out, metrics_path: MetricsPath, max_steps: int | None) -> None:
     started = time.monotonic()
     done = asyncio.Event()
 
@@ -91,8 +93,9 @@ async def _follow(client, submission_id: str, out: _Out, metrics_path: Path | No
     async def progress() -> None:
         seen = 0
         while not done.is_set():
-            if metrics_path is not None:
-                records = read_metrics(metrics_path)
+            path = metrics_path() if callable(metrics_path) else metrics_path
+            if path is not None:
+                records = read_metrics(path)
                 for rec in records[seen:]:
                     if rec.get("kind") in ("train", "eval"):
                         out.note(progress_line(rec, max_steps, started))
@@ -104,7 +107,7 @@ async def _follow(client, submission_id: str, out: _Out, metrics_path: Path | No
 
 
 def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path, *,
-            metrics_path: Path | None = None, max_steps: int | None = None,
+            metrics_path: MetricsPath = None, max_steps: int | None = None,
             on_tick: Callable[[], None] | None = None, metadata: dict[str, str] | None = None) -> JobOutcome:
     """Submit, stream the logs until the job ends, and return its outcome."""
     submission_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata)

@@ -13,12 +13,22 @@ from demo.job_runner import read_metrics
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
+RUNS_DIR = "runs"
 PNG_DPI = 120
 PNG_SIZE_IN = (7.0, 4.2)
 
 
+def find_run(storage_dir: Path, run_name: str | None) -> Path | None:
+    """The run's directory under ``<storage>/runs/``: the named one, else the newest (the trainer named it)."""
+    runs = storage_dir / RUNS_DIR
+    if run_name:
+        return runs / run_name if (runs / run_name).is_dir() else None
+    found = [p for p in runs.glob("*") if p.is_dir()] if runs.is_dir() else []
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
 def load_run(storage_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(summary, metrics records) of a finished run whose storage root is ``storage_dir`` on disk."""
+    """(summary, metrics records) of a finished run whose directory is ``storage_dir`` on disk."""
     summary_path = storage_dir / SUMMARY_FILE
     if not summary_path.is_file():
         raise DemoError(f"the job finished but wrote no {summary_path}: see the job log above")

@@ -78,15 +78,18 @@ def test_summary_numbers(short_run: dict) -> None:
     # The closing report prints those numbers.
     assert f"{s['first_eval_loss']:.4f} -> {s['final_eval_loss']:.4f}" in short_run["stdout"]
     assert "job wall time" in short_run["stdout"]
+    assert f"fresh run {short_run['run_name']}" in short_run["stdout"]  # a demo run is always a new run
 
 
 @pytest.mark.slow
 def test_checkpoints_and_adapter_on_disk(short_run: dict) -> None:
-    storage = Path(short_run["storage_dir"])
+    storage = Path(short_run["run_storage_dir"])  # <storage_path>/runs/<run_name> on disk
+    assert storage.parent == Path(short_run["storage_dir"]) / "runs"
     s = short_run["summary"]
-    assert s["final_adapter"] == short_run["storage_uri"] + "/final"
+    assert s["run_name"] == short_run["run_name"] and s["completed"] is True
+    assert s["final_adapter"] == short_run["run_uri"] + "/final"
     assert s["newest_checkpoint"].endswith(f"checkpoint-{SHORT_STEPS:06d}")
-    newest = storage / s["newest_checkpoint"].removeprefix(short_run["storage_uri"] + "/")
+    newest = storage / s["newest_checkpoint"].removeprefix(short_run["run_uri"] + "/")
     for folder in (newest, storage / "final"):
         assert json.loads((folder / "adapter_config.json").read_text())["peft_type"] == "LORA", folder
         assert (folder / "adapter_model.safetensors").stat().st_size > 0, folder

@@ -22,7 +22,7 @@ logging_steps save_strategy save_steps num_workers use_gpu accelerator_type stor
 attn_implementation gradient_checkpointing lora_target train_embeddings freeze_vision max_steps
 eval_fraction eval_steps seed column_mapping prompt_template system_message bad_rows max_failures
 save_total_limit hub_model_id merge_adapter cache_dir dataloader_num_workers
-recipe use_liger_kernel adapter_dtype compile_vision""".split()  # noqa: SIM905
+recipe use_liger_kernel adapter_dtype compile_vision run_name resume_from""".split()  # noqa: SIM905
 
 
 def test_flag_names_are_exactly_the_contract() -> None:
@@ -114,3 +114,16 @@ def test_recipe_fills_only_unset_flags() -> None:
     assert (cpu.use_liger_kernel, cpu.adapter_dtype, cpu.dataloader_num_workers) == (False, "fp32", 0)
     with pytest.raises(vt.UsageError, match="use_liger_kernel=true needs GPUs"):
         vt.parse_args([*CPU, "--use_liger_kernel=true"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--run_name=a/b"], r"run_name='a/b': use letters, digits"),
+        (["--run_name=x", "--resume_from=x"], "names this run itself"),
+        (["--resume_from=two words"], "neither a run name nor a gs:// or local checkpoint path"),
+    ],
+)
+def test_run_identity_flags_fail_with_the_fix(flags: list[str], message: str) -> None:
+    with pytest.raises(vt.UsageError, match=message):
+        vt.parse_args([*CPU, *flags])

@@ -31,10 +31,11 @@ MIN_LOSS_DROP = 0.2
 EVAL_TEST_STEPS = 6
 
 
-def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_steps: int) -> list[str]:
+def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_steps: int,
+              run_name: str = "r1") -> list[str]:
     return [
         f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
-        f"--storage_path={storage}", "--use_gpu=false", "--quantization=none", "--num_workers=2",
+        f"--storage_path={storage}", f"--run_name={run_name}", "--use_gpu=false", "--quantization=none", "--num_workers=2",
         "--per_device_train_batch_size=2", "--gradient_accumulation_steps=2", f"--max_steps={max_steps}",
         "--logging_steps=1", "--save_strategy=steps", f"--save_steps={SAVE_STEPS}", "--eval_fraction=0.2",
         "--learning_rate=5e-3", "--gradient_checkpointing=false", "--max_failures=2", "--seed=7",
@@ -52,8 +53,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def local_run(ray_cluster, tiny_model, data, cache_dir, tmp_path_factory) -> dict[str, Any]:
-    storage = tmp_path_factory.mktemp("run") / "storage"
-    summary = vt.main([*job_flags(tiny_model, data, cache_dir, str(storage), MAX_STEPS), "--merge_adapter=true"])
+    root = tmp_path_factory.mktemp("run") / "storage"
+    summary = vt.main([*job_flags(tiny_model, data, cache_dir, str(root), MAX_STEPS), "--merge_adapter=true"])
+    storage = root / "runs" / "r1"  # the run's directory: <storage_path>/runs/<run_name>
     return {"storage": storage, "summary": summary, "metrics": records((storage / "metrics.jsonl").read_text())}
 
 
@@ -147,10 +149,11 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     2 workers) equals the mean cross-entropy over every answer token of the eval split under the final
     weights, computed here independently with the merged model the job wrote. Trainer's own mean of
     per-batch means would differ."""
-    storage = tmp_path / "storage"
+    root = tmp_path / "storage"
+    storage = root / "runs" / "r1"
     # Some steps with trainable embeddings, so the rows' losses drift apart (a random model scores every
     # token about ln(vocab)) and the two averages differ clearly.
-    flags = [*job_flags(tiny_model, data, cache_dir, str(storage), EVAL_TEST_STEPS),
+    flags = [*job_flags(tiny_model, data, cache_dir, str(root), EVAL_TEST_STEPS),
              "--per_device_train_batch_size=1", "--gradient_accumulation_steps=1", "--eval_fraction=0.4",
              f"--save_steps={EVAL_TEST_STEPS}", "--train_embeddings=true", "--merge_adapter=true"]
     summary = vt.main(flags)
@@ -168,8 +171,10 @@ def test_resume_drill_on_gcs(local_run, fake_gcs, monkeypatch, tiny_model, data,
     """Rank 1 is killed after step 3; Ray restarts the group, which resumes from the step-2 checkpoint
     on gs:// and ends at step 5 with the same per-step losses as the uninterrupted run."""
     monkeypatch.setenv(vt.FAULT_AT_STEP_ENV, str(FAULT_AT_STEP))
-    root = f"gs://{GCS_BUCKET}/drill"
-    summary = vt.main([*job_flags(tiny_model, data, cache_dir, root, DRILL_MAX_STEPS), "--save_total_limit=1"])
+    release = f"gs://{GCS_BUCKET}/drill"
+    summary = vt.main([*job_flags(tiny_model, data, cache_dir, release, DRILL_MAX_STEPS, run_name="drill-1"),
+                       "--save_total_limit=1"])
+    root = f"{release}/runs/drill-1"
     storage = vt.Storage(root=root, emulator_host=fake_gcs)
     assert storage.read_bytes(f".fault-injected-at-step-{FAULT_AT_STEP}") is not None  # the fault did fire
     assert summary["global_step"] == DRILL_MAX_STEPS

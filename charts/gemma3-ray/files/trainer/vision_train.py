@@ -9,9 +9,10 @@ configurable and resumable:
 - the logged loss is the true mean token loss over the accumulation steps and the workers;
 - rows are decoded lazily; bad rows are counted and skipped (or fail the job); a held-out eval split;
 - the model and dataset are fetched once per node; everything works offline from local paths;
-- checkpoints go to ``<storage_path>/checkpoints`` through Ray Train, a lost worker resumes from the
-  newest one; the adapter lands in ``<storage_path>/final``; ``metrics.jsonl``, ``summary.json`` and
-  TensorBoard events sit next to it.
+- each run lives in ``<storage_path>/runs/<run_name>``: checkpoints go to its ``checkpoints/`` through
+  Ray Train, a restart of the run resumes from the newest one; the adapter lands in its ``final/``;
+  ``metrics.jsonl``, ``summary.json`` and TensorBoard events sit next to it. A finished run is never
+  trained again; ``--resume_from`` continues an earlier run explicitly.
 
 Usage (flags are ``--name=value``; booleans ``true|false``; maps as JSON; see trainer/README.md)::
 
@@ -29,6 +30,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import string
@@ -38,6 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +81,13 @@ LABEL_IGNORE = -100
 FAULT_AT_STEP_ENV = "GEMMA3_RAY_FAULT_AT_STEP"
 # The fake GCS server (tests, demo): `http://host:port`; pyarrow then talks plain HTTP, anonymously.
 STORAGE_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+RUNS_DIR = "runs"
 CHECKPOINTS_DIR = "checkpoints"
+# Ray Train's record of the checkpoints it registered (written in CHECKPOINTS_DIR; restored on restart).
+RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
+TRAINER_STATE_FILE = "trainer_state.json"
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+CHECKPOINT_NAME_PATTERN = re.compile(r"checkpoint-(\d+)")
 FINAL_DIR = "final"
 MERGED_DIR = "merged"
 TENSORBOARD_DIR = "tensorboard"
@@ -140,9 +149,9 @@ class TrainArguments:
     )
     output_dir: str = field(
         default="gemma-product-description",
-        metadata={"help": "Run name: storage_path defaults to gs://<gcs_bucket>/<output_dir>, else ./<output_dir>."},
+        metadata={"help": "Folder of the runs when storage_path is unset: gs://<gcs_bucket>/<output_dir>, else ./<output_dir>."},
     )
-    gcs_bucket: str | None = field(default=None, metadata={"help": "Bucket for the run when storage_path is unset."})
+    gcs_bucket: str | None = field(default=None, metadata={"help": "Bucket for the runs when storage_path is unset."})
     push_to_hub: bool = field(default=False, metadata={"help": "Push the final adapter to hub_model_id (HF_TOKEN)."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
@@ -167,7 +176,20 @@ class TrainArguments:
     use_gpu: bool = field(default=True, metadata={"help": "One GPU per worker; false trains on CPU (tests)."})
     accelerator_type: str | None = field(default=None, metadata={"help": "Ray accelerator type, e.g. H100."})
     storage_path: str | None = field(
-        default=None, metadata={"help": "Root of the run: gs://bucket/prefix or a local/shared path."}
+        default=None,
+        metadata={"help": "Root of the release's runs: gs://bucket/prefix or a local/shared path; each run "
+                          "lives in <storage_path>/runs/<run_name>."},
+    )
+    run_name: str | None = field(
+        default=None,
+        metadata={"help": "This run (derived: the chart passes one per Helm revision). Its files live in "
+                          "<storage_path>/runs/<run_name>; a restart of the same run resumes its newest checkpoint, "
+                          "a finished run is not trained again (default: a fresh name from the UTC time)."},
+    )
+    resume_from: str = field(
+        default="",
+        metadata={"help": "Continue an earlier run: its run name (under <storage_path>/runs/) or the gs:// or "
+                          "local path of a checkpoint ('' starts fresh). This run's own checkpoints win."},
     )
     recipe: Literal["fast", "tutorial"] = field(
         default="fast",
@@ -380,6 +402,19 @@ def validate_args(args: TrainArguments) -> None:
             "/" not in args.gcs_bucket and not args.gcs_bucket.startswith("gs:"),
             "gcs_bucket is a bucket name without gs:// or a path (use storage_path for prefixes)",
         )
+    if args.run_name is not None:
+        need(
+            RUN_NAME_PATTERN.fullmatch(args.run_name) is not None,
+            f"run_name={args.run_name!r}: use letters, digits, '.', '_' and '-' (at most 100, no '/'), "
+            "e.g. --run_name=r3-20260101-120000",
+        )
+    if args.resume_from and not is_checkpoint_path(args.resume_from):
+        need(
+            RUN_NAME_PATTERN.fullmatch(args.resume_from) is not None,
+            f"resume_from={args.resume_from!r} is neither a run name nor a gs:// or local checkpoint path",
+        )
+        need(args.resume_from != args.run_name, f"resume_from={args.resume_from!r} names this run itself; "
+             "a restart of a run resumes its own checkpoints without it")
     try:
         column_mapping(args)
     except UsageError as e:
@@ -444,6 +479,23 @@ class Storage:
         with fs.open_input_stream(f"{base}/{rel}") as src:
             return src.read()
 
+    def child(self, rel: str) -> Storage:
+        return Storage(root=self.uri(rel), emulator_host=self.emulator_host)
+
+    def exists(self, rel: str) -> bool:
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        return fs.get_file_info(f"{base}/{rel}").type != pafs.FileType.NotFound
+
+    def list_dir(self, rel: str) -> list[str]:
+        """Names directly under `rel` (empty when it does not exist)."""
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{rel}", allow_not_found=True))
+        return sorted(Path(i.path).name for i in infos)
+
     def upload_dir(self, local: Path, rel: str) -> None:
         import pyarrow.fs as pafs
 
@@ -453,8 +505,104 @@ class Storage:
 
 
 def storage_for(args: TrainArguments) -> Storage:
-    root = run_root(args)
-    return Storage(root=root, emulator_host=os.environ.get(STORAGE_EMULATOR_ENV) if root.startswith("gs://") else None)
+    """The release's storage root (runs live under it)."""
+    return storage_at(run_root(args))
+
+
+def storage_at(uri: str) -> Storage:
+    return Storage(root=uri.rstrip("/"), emulator_host=os.environ.get(STORAGE_EMULATOR_ENV) if uri.startswith("gs://")
+                   else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Run identity: <storage_path>/runs/<run_name>; restarts resume within the run, resume_from crosses runs.
+# ----------------------------------------------------------------------------------------------
+def is_checkpoint_path(value: str) -> bool:
+    """A resume_from value that is a path (gs://, absolute, relative with a '/'), not a run name."""
+    return value.startswith("gs://") or "/" in value or value.startswith(".")
+
+
+def new_run_name(root: Storage) -> str:
+    """A fresh run name from the UTC time (a suffix when that name is taken)."""
+    base = datetime.now(UTC).strftime("run-%Y%m%d-%H%M%S")
+    name, n = base, 1
+    while root.exists(f"{RUNS_DIR}/{name}"):
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def registered_checkpoints(run: Storage) -> list[tuple[int, str]]:
+    """(step, URI) of the checkpoints Ray Train registered for this run, oldest first.
+
+    Ray Train lists them in its checkpoint-manager snapshot and restores the newest on a restart; a
+    directory it never registered (an upload cut short) is not a checkpoint.
+    """
+    raw = run.read_bytes(f"{CHECKPOINTS_DIR}/{RAY_CHECKPOINT_SNAPSHOT}")
+    if not raw:
+        return []
+    snapshot = json.loads(raw)
+    names = {r["checkpoint_dir_name"] for r in snapshot.get("checkpoint_results", [])}
+    if snapshot.get("latest_checkpoint_result"):
+        names.add(snapshot["latest_checkpoint_result"]["checkpoint_dir_name"])
+    found = []
+    for name in names:
+        match = CHECKPOINT_NAME_PATTERN.fullmatch(name)
+        if match:
+            found.append((int(match.group(1)), run.uri(CHECKPOINTS_DIR, name)))
+    return sorted(found)
+
+
+def checkpoint_step(uri: str) -> int:
+    """The optimizer step of a checkpoint directory (its trainer_state.json)."""
+    raw = storage_at(uri).read_bytes(TRAINER_STATE_FILE)
+    if raw is None:
+        raise UsageError(f"resume_from: {uri} is not a checkpoint (no {TRAINER_STATE_FILE} in it)")
+    return int(json.loads(raw)["global_step"])
+
+
+@dataclass
+class RunPlan:
+    """What the driver decided about this run before any worker starts."""
+
+    name: str
+    storage: Storage  # <storage_path>/runs/<name>
+    resume_checkpoint: str | None  # another run's checkpoint, used when this run has none of its own
+    log_line: str  # the driver's first line
+    finished: dict[str, Any] | None  # the summary of a completed run (nothing to train)
+
+
+def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
+    """Name the run, and decide: fresh, resume within the run, continue another run, or already finished."""
+    named = args.run_name is not None
+    name = args.run_name or new_run_name(root)
+    run = root.child(f"{RUNS_DIR}/{name}")
+    raw = run.read_bytes(SUMMARY_FILE)
+    summary = json.loads(raw) if raw else None
+    if summary and summary.get("completed"):
+        line = f"run {name} already finished at step {summary.get('global_step')}; nothing to train"
+        return RunPlan(name, run, None, line, summary)
+    own = registered_checkpoints(run)
+    if own:
+        step, uri = own[-1]
+        return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its newest "
+                                        f"checkpoint {uri})", None)
+    if args.resume_from:
+        if is_checkpoint_path(args.resume_from):
+            uri = args.resume_from.rstrip("/")
+            if not uri.startswith("gs://"):
+                uri = str(Path(uri).resolve())
+            step = checkpoint_step(uri)
+        else:
+            other = registered_checkpoints(root.child(f"{RUNS_DIR}/{args.resume_from}"))
+            if not other:
+                raise UsageError(f"resume_from={args.resume_from}: no checkpoint of that run under "
+                                 f"{root.uri(RUNS_DIR, args.resume_from)}; runs there: {root.list_dir(RUNS_DIR)}")
+            step, uri = other[-1]
+        return RunPlan(name, run, uri, f"resuming {name} from step {step} (--resume_from={args.resume_from}: "
+                                       f"checkpoint {uri})", None)
+    why = "" if named else " (no --run_name given: named from the UTC time)"
+    return RunPlan(name, run, None, f"fresh run {name}{why}", None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1134,7 +1282,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     tb_dir = local_dir / "tensorboard"
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(tb_dir)
 
+    # This run's newest checkpoint (Ray Train restores it on every restart), else the earlier run's
+    # checkpoint that --resume_from named.
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and config.get("resume_checkpoint"):
+        fs, path = filesystem(config["resume_checkpoint"], storage.emulator_host)
+        checkpoint = ray.train.Checkpoint(path=path, filesystem=fs)
     resume_dir = None
     resumed_from_step = None
     with contextlib.ExitStack() as stack:
@@ -1142,7 +1295,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             resume_dir = stack.enter_context(checkpoint.as_directory())
             state = json.loads((Path(resume_dir) / "trainer_state.json").read_text())
             resumed_from_step = int(state["global_step"])
-            print(f"[rank {rank}] resuming from {checkpoint.path} at step {resumed_from_step}", flush=True)
+            if rank == 0:
+                print(f"[rank 0] resuming from {checkpoint.path} at step {resumed_from_step}", flush=True)
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
         reporter = RunReporter(storage, rank, world_size, global_batch, tb_dir, resumed_from_step)
         callbacks: list = [reporter]
@@ -1161,7 +1315,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     summary: dict[str, Any] = {}
     if rank == 0:
-        summary = finish(args, trainer, processor, storage, stats, reporter, result, final_eval, resumed_from_step)
+        summary = finish(args, trainer, processor, storage, stats, reporter, result, final_eval, resumed_from_step,
+                         config["run_name"])
     if rank == 0 and tb_dir.is_dir():
         storage.upload_dir(tb_dir, TENSORBOARD_DIR)
     ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
@@ -1169,7 +1324,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 
 def finish(args: TrainArguments, trainer, processor, storage: Storage, stats: dict[str, Any], reporter: RunReporter,
-           result, final_eval: dict[str, float], resumed_from_step: int | None) -> dict[str, Any]:
+           result, final_eval: dict[str, float], resumed_from_step: int | None, run_name: str) -> dict[str, Any]:
     """Rank 0: write final/ (and merged/, hub), summary.json; return the summary."""
     out = Path(trainer.args.output_dir) / FINAL_DIR
     trainer.model.save_pretrained(str(out))
@@ -1194,6 +1349,8 @@ def finish(args: TrainArguments, trainer, processor, storage: Storage, stats: di
         eval_losses.append(final_eval["eval_loss"])
     t = reporter.totals
     summary = {
+        "run_name": run_name,
+        "completed": True,
         "global_step": trainer.state.global_step,
         "epochs": trainer.state.epoch,
         "max_steps": trainer.state.max_steps,
@@ -1251,7 +1408,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     def fmt(v: Any) -> str:
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
-    keys = ["global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "first_train_loss",
+    keys = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "first_train_loss",
             "final_train_loss", "first_eval_loss", "final_eval_loss", "final_answer_token_accuracy",
             "samples_per_second", "tokens_per_second", "resumed_from_step", "newest_checkpoint", "final_adapter",
             "merged_model", "metrics", "tensorboard"]
@@ -1269,7 +1426,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     try:
         args = parse_args(argv)
-        storage = storage_for(args)
+        plan = plan_run(args, storage_for(args))
+        print(plan.log_line, flush=True)
+        if plan.finished is not None:
+            return plan.finished
+        storage = plan.storage
         check_dataset_before_download(args, storage.emulator_host)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -1282,6 +1443,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         train_loop_config={
             "args": asdict(args),
             "storage": asdict(storage),
+            "run_name": plan.name,
+            "resume_checkpoint": plan.resume_checkpoint,
             "fault_at_step": int(fault_at) if fault_at else None,
         },
         scaling_config=ray.train.ScalingConfig(

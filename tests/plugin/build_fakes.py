@@ -23,9 +23,10 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import artifactregistry_v1 as ar
 from google.cloud.devtools import cloudbuild_v1 as cb
-from google.iam.v1 import policy_pb2
+from google.iam.v1 import iam_policy_pb2, policy_pb2
 
-from tests.plugin.gcp_fakes import ALL, _denied, _req
+from tests.plugin.container_fakes import _req
+from tests.plugin.gcp_fakes import ALL, _denied
 
 WRITER = "roles/artifactregistry.writer"
 
@@ -62,13 +63,13 @@ class FakeArtifactRegistry:
             raise gexc.NotFound(f"Requested entity was not found: {name}.") from None
 
     def get_repository(self, request: Any = None) -> ar.Repository:
-        name = _req(request)["name"]
+        name = _req(request, ar.GetRepositoryRequest)["name"]
         self.calls.append(("get_repository", name))
         self._check("artifactregistry.repositories.get", name)
         return ar.Repository(self._repo(name))
 
     def create_repository(self, request: Any = None) -> _Lro:
-        r = _req(request)
+        r = _req(request, ar.CreateRepositoryRequest)
         name = f"{r['parent']}/repositories/{r['repository_id']}"
         self.calls.append(("create_repository", name))
         self._check("artifactregistry.repositories.create", r["parent"])
@@ -86,7 +87,7 @@ class FakeArtifactRegistry:
         return _Lro(result=ar.Repository(repo))
 
     def get_iam_policy(self, request: Any = None) -> policy_pb2.Policy:
-        resource = _req(request)["resource"]
+        resource = _req(request, iam_policy_pb2.GetIamPolicyRequest)["resource"]
         self.calls.append(("get_iam_policy", resource))
         self._check("artifactregistry.repositories.getIamPolicy", resource)
         self._repo(resource)
@@ -95,7 +96,7 @@ class FakeArtifactRegistry:
         return copy
 
     def set_iam_policy(self, request: Any = None) -> policy_pb2.Policy:
-        r = _req(request)
+        r = _req(request, iam_policy_pb2.SetIamPolicyRequest)
         resource, policy = r["resource"], r["policy"]
         self.calls.append(("set_iam_policy", resource))
         self._check("artifactregistry.repositories.setIamPolicy", resource)
@@ -111,7 +112,7 @@ class FakeArtifactRegistry:
         return stored
 
     def get_tag(self, request: Any = None) -> ar.Tag:
-        name = _req(request)["name"]
+        name = _req(request, ar.GetTagRequest)["name"]
         self.calls.append(("get_tag", name))
         self._check("artifactregistry.tags.get", name)
         self._repo(name.split("/packages/")[0])
@@ -165,14 +166,14 @@ class FakeCloudBuild:
             raise _denied(permission, resource)
 
     def get_default_service_account(self, request: Any = None) -> cb.DefaultServiceAccount:
-        name = _req(request)["name"]
+        name = _req(request, cb.GetDefaultServiceAccountRequest)["name"]
         self.calls.append(("get_default_service_account", name))
         self._check("cloudbuild.builds.get", name)
         return cb.DefaultServiceAccount(name=name, service_account_email=f"projects/{self.project}/serviceAccounts/"
                                                                          f"{self.service_account}")
 
     def create_build(self, request: Any = None) -> _Lro:
-        r = _req(request)
+        r = _req(request, cb.CreateBuildRequest)
         build = cb.Build(r["build"])
         self.calls.append(("create_build", r["parent"]))
         self._check("cloudbuild.builds.create", r["parent"])
@@ -192,7 +193,7 @@ class FakeCloudBuild:
         return _Lro(metadata=cb.BuildOperationMetadata(build=cb.Build(build)))
 
     def get_build(self, request: Any = None) -> cb.Build:
-        name = _req(request)["name"]
+        name = _req(request, cb.GetBuildRequest)["name"]
         self.calls.append(("get_build", name))
         self._check("cloudbuild.builds.get", name)
         try:

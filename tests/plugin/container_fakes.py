@@ -22,7 +22,18 @@ from google.cloud import container_v1 as gke
 from google.iam.v1 import iam_policy_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from tests.plugin.gcp_fakes import ALL, _denied, _req
+from tests.plugin.gcp_fakes import ALL, _denied
+from tests.plugin.gcp_fakes import _req as _plain
+
+
+def _req(request: Any, kind: Any = None) -> dict[str, Any]:
+    """The request as a dict, once the real request type accepted it (an unknown field is an error, as it is
+    for the real client)."""
+    data = _plain(request)
+    if kind is not None:
+        kind(data) if hasattr(kind, "pb") else kind(**data)  # proto-plus types, or raw protobuf ones
+    return data
+
 
 GKE_VERSION = "1.33.5-gke.1080000"
 
@@ -93,13 +104,13 @@ class FakeContainer:
 
     # -- the API -----------------------------------------------------------------------------------
     def get_cluster(self, request: Any = None) -> gke.Cluster:
-        name = _req(request)["name"]
+        name = _req(request, gke.GetClusterRequest)["name"]
         self.calls.append(("get_cluster", name))
         self._check("container.clusters.get", name)
         return gke.Cluster(self._cluster(name))
 
     def create_cluster(self, request: Any = None) -> gke.Operation:
-        r = _req(request)
+        r = _req(request, gke.CreateClusterRequest)
         parent, cluster = r["parent"], gke.Cluster(r["cluster"])
         name = f"{parent}/clusters/{cluster.name}"
         self.calls.append(("create_cluster", name))
@@ -133,7 +144,7 @@ class FakeContainer:
         return self._start(name, gke.Operation.Type.CREATE_CLUSTER, done)
 
     def update_cluster(self, request: Any = None) -> gke.Operation:
-        r = _req(request)
+        r = _req(request, gke.UpdateClusterRequest)
         name, update = r["name"], gke.ClusterUpdate(r["update"])
         self.calls.append(("update_cluster", name))
         self._check("container.clusters.update", name)
@@ -156,7 +167,7 @@ class FakeContainer:
         return self._start(name, gke.Operation.Type.UPDATE_CLUSTER, done)
 
     def create_node_pool(self, request: Any = None) -> gke.Operation:
-        r = _req(request)
+        r = _req(request, gke.CreateNodePoolRequest)
         parent, pool = r["parent"], gke.NodePool(r["node_pool"])
         self.calls.append(("create_node_pool", f"{parent}/nodePools/{pool.name}"))
         self._check("container.clusters.update", parent)
@@ -177,7 +188,7 @@ class FakeContainer:
         return self._start(parent, gke.Operation.Type.CREATE_NODE_POOL, done)
 
     def delete_cluster(self, request: Any = None) -> gke.Operation:
-        name = _req(request)["name"]
+        name = _req(request, gke.DeleteClusterRequest)["name"]
         self.calls.append(("delete_cluster", name))
         self._check("container.clusters.delete", name)
         cluster = self._cluster(name)
@@ -186,7 +197,7 @@ class FakeContainer:
         return self._start(name, gke.Operation.Type.DELETE_CLUSTER, lambda: self.clusters.pop(name, None))
 
     def get_operation(self, request: Any = None) -> gke.Operation:
-        name = _req(request)["name"]
+        name = _req(request, gke.GetOperationRequest)["name"]
         self.calls.append(("get_operation", name))
         self._check("container.operations.get", name)
         try:
@@ -243,14 +254,14 @@ class FakeResourceManager:
     def get_project(self, request: Any = None) -> Any:
         from google.cloud import resourcemanager_v3
 
-        name = _req(request)["name"]
+        name = _req(request, resourcemanager_v3.GetProjectRequest)["name"]
         self.calls.append(("get_project", name))
         if name not in (f"projects/{self.project}", f"projects/{self.number}"):
             raise gexc.PermissionDenied(f"The caller does not have permission on {name}.")
         return resourcemanager_v3.Project(name=f"projects/{self.number}", project_id=self.project)
 
     def test_iam_permissions(self, request: Any = None) -> iam_policy_pb2.TestIamPermissionsResponse:
-        r = _req(request)
+        r = _req(request, iam_policy_pb2.TestIamPermissionsRequest)
         resource, permissions = r["resource"], list(r["permissions"])
         self.calls.append(("test_iam_permissions", resource, *permissions))
         if self.api_disabled:

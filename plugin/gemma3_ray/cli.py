@@ -167,7 +167,9 @@ def image_values(dep: Deployment, clients: Clients) -> list:  # type: ignore[typ
     from gemma3_ray import image_build, render
 
     repository, tag = image_build.existing_image(dep, clients).rsplit(":", 1)
-    return [render.Value(("workers", "image", "repository"), repository,
+    return [render.Value(("dependencies",), "image", "the trainer's packages come in the training image: nothing is "
+                         "installed at job start"),
+            render.Value(("workers", "image", "repository"), repository,
                          "the training image `gemma3-ray image build` pushed (dependencies baked in)"),
             render.Value(("workers", "image", "tag"), tag, "src-<sha256 of the Dockerfile and the files it copies>")]
 

@@ -70,7 +70,7 @@ def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
             "`gemma3-ray cluster create --apply` (same flags).")
         return 0
     pre.require(spec.project)
-    out("Applying (a new cluster takes 5-10 minutes):")
+    out("Applying (each operation is polled until it is DONE):")
     for action in plan.actions:
         out(f"  ... {action.text}")
         action.run()
@@ -197,4 +197,5 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     b.add_argument("--apply", action="store_true", help="upload the context and build (default: print the plan only)")
     b.add_argument("--dockerfile", default=DOCKERFILE, help=f"Dockerfile, relative to the context (default: {DOCKERFILE})")
     b.add_argument("--context", help="build context directory (default: the repository holding the plugin)")
+    b.add_argument("--base-image", help="the Dockerfile's BASE_IMAGE (default: rayproject/ray:<ray pin>-py311-gpu)")
     b.set_defaults(handler=cmd_image_build)

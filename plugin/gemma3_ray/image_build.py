@@ -31,10 +31,11 @@ from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, translate
 from gemma3_ray.gcp_clients import Clients
 
 DOCKERFILE = "images/trainer/Dockerfile"
-# The Dockerfile's required BASE_IMAGE build argument: the Ray GPU image of the requirements' ray pin
-# (images/trainer/README.md); the Dockerfile itself names no version.
 REQUIREMENTS = "trainer/requirements.txt"
-BASE_IMAGE = "rayproject/ray:{ray}-py311-gpu"
+BASE_IMAGE_ARG = "BASE_IMAGE"  # the Dockerfile's required build argument (images/trainer/README.md)
+RAY_IMAGE = "rayproject/ray"
+PYTHON_TAG = "py311"  # the chart's image.pythonTag default: the Python the trainer is tested with
+_RAY_PIN = re.compile(r"^ray(?:\[[^\]]*\])?==(\S+)\s*$", re.M)
 BUILDER = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
 BUILD_DISK_GB = 200  # the Ray GPU base image and torch's CUDA wheels need room to unpack
@@ -56,12 +57,15 @@ class Context:
     root: Path
     dockerfile: str
     files: tuple[str, ...]  # relative POSIX paths, sorted, the Dockerfile included
+    build_args: tuple[tuple[str, str], ...] = ()
 
     @property
     def digest(self) -> str:
         h = hashlib.sha256()
         for rel in self.files:
             h.update(rel.encode() + b"\0" + hashlib.sha256((self.root / rel).read_bytes()).digest())
+        for key, value in self.build_args:
+            h.update(f"--build-arg {key}={value}\0".encode())
         return h.hexdigest()
 
     @property
@@ -97,20 +101,42 @@ def _copy_sources(text: str) -> list[str]:
     return sources
 
 
-def context(root: Path | None = None, dockerfile: str = DOCKERFILE) -> Context:
+def base_image(root: Path) -> str:
+    """``rayproject/ray:<ray pin>-<python tag>-gpu``: the stock GPU image of the pinned Ray (images/trainer/README.md)."""
+    req = root / REQUIREMENTS
+    m = _RAY_PIN.search(req.read_text(encoding="utf-8")) if req.is_file() else None
+    if not m:
+        raise NotFound(f"No exact ray pin (ray[...]==X.Y.Z) in {REQUIREMENTS} under {root}: the base image is chosen "
+                       "from it; pass --base-image.")
+    return f"{RAY_IMAGE}:{m.group(1)}-{PYTHON_TAG}-gpu"
+
+
+def _required_args(text: str) -> list[str]:
+    """``ARG NAME`` lines without a default (the build must pass them)."""
+    return [m.group(1) for m in re.finditer(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)\s*$", text, re.M | re.I)]
+
+
+def context(root: Path | None = None, dockerfile: str = DOCKERFILE, base: str | None = None) -> Context:
     root = root or repo_root()
     path = root / dockerfile
     if not path.is_file():
         raise NotFound(f"No Dockerfile at {dockerfile} (under {root}): pass --dockerfile with the training image's "
                        "Dockerfile.")
+    text = path.read_text(encoding="utf-8")
+    build_args: list[tuple[str, str]] = []
+    for arg in _required_args(text):
+        if arg != BASE_IMAGE_ARG:
+            raise NotFound(f"{dockerfile} needs the build argument {arg}, which `image build` does not know: give it a "
+                           "default in the Dockerfile.")
+        build_args.append((arg, base or base_image(root)))
     files = {dockerfile}
-    for src in _copy_sources(path.read_text(encoding="utf-8")):
+    for src in _copy_sources(text):
         matches = sorted(root.glob(src.lstrip("/"))) if any(c in src for c in "*?[") else [root / src.lstrip("/")]
         if not matches or not all(m.exists() for m in matches):
             raise NotFound(f"{dockerfile} copies {src!r}, which does not exist under {root}: fix the Dockerfile.")
         for m in matches:
             files |= {p.relative_to(root).as_posix() for p in ([m] if m.is_file() else m.rglob("*")) if p.is_file()}
-    return Context(root, dockerfile, tuple(sorted(files)))
+    return Context(root, dockerfile, tuple(sorted(files)), tuple(build_args))
 
 
 def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
@@ -149,16 +175,6 @@ def existing_image(dep: Deployment, clients: Clients, ctx: Context | None = None
                    f"build it with {how}, or leave out --image to install dependencies through the runtime env.")
 
 
-def base_image(ctx: Context) -> str:
-    """BASE_IMAGE for the build: the Ray GPU image of the ray pin in the context's requirements."""
-    path = ctx.root / REQUIREMENTS
-    pin = re.search(r"^ray(\[[^\]]*\])?==(\S+)", path.read_text(encoding="utf-8"), re.M) if path.is_file() else None
-    if not pin:
-        raise NotFound(f"No exact ray pin (ray[...]==X.Y.Z) in {REQUIREMENTS} under {ctx.root}: the training image's "
-                       "base is the Ray GPU image of that version.")
-    return BASE_IMAGE.format(ray=pin.group(2))
-
-
 def build_request(reg: Registry, ctx: Context) -> Any:
     from google.cloud.devtools import cloudbuild_v1 as cb
     from google.protobuf import duration_pb2
@@ -166,7 +182,8 @@ def build_request(reg: Registry, ctx: Context) -> Any:
     image = reg.image(ctx.tag)
     return cb.Build(
         source=cb.Source(storage_source=cb.StorageSource(bucket=reg.staging_bucket, object_=f"source/{ctx.tag}.tgz")),
-        steps=[cb.BuildStep(name=BUILDER, args=["build", "--file", ctx.dockerfile, "--build-arg", f"BASE_IMAGE={base_image(ctx)}",
+        steps=[cb.BuildStep(name=BUILDER, args=["build", "--file", ctx.dockerfile,
+                                                *[f for k, v in ctx.build_args for f in ("--build-arg", f"{k}={v}")],
                                                 "--tag", image, "."])],
         images=[image],
         logs_bucket=f"gs://{reg.staging_bucket}/logs",
@@ -215,9 +232,10 @@ def follow(clients: Clients, reg: Registry, build: Any, out: Out) -> Any:
 
 
 def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -> int:
-    ctx = context(Path(args.context) if args.context else None, args.dockerfile)
+    ctx = context(Path(args.context) if args.context else None, args.dockerfile, args.base_image)
     reg = registry_of(dep)
     image = reg.image(ctx.tag)
+    args_text = "".join(f" --build-arg {k}={v}" for k, v in ctx.build_args)
     out(f"Training image for project {dep.project}, region {dep.region}:")
     out(f"  = {ctx.dockerfile}: build context of {len(ctx.files)} file(s) ({', '.join(ctx.files)}), tag {ctx.tag}")
     try:
@@ -228,7 +246,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
             raise
         out(f"  ? Artifact Registry repository {reg.host}, image {image}: not checked (not logged in)")
         out(f"  + upload the build context to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-        out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} --build-arg BASE_IMAGE={base_image(ctx)} . -> push {image}")
+        out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile}{args_text} . -> push {image}")
         out("  ? permissions: not checked (not logged in)")
         out("Dry run: nothing checked or changed (no Google credentials: `gcloud auth application-default login`).")
         return 0
@@ -241,11 +259,11 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     out(f"  {'=' if ready else '!'} Artifact Registry repository {reg.host}"
         + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --image`"))
     out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-    out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile} --build-arg BASE_IMAGE={base_image(ctx)} . -> push {image} "
+    out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile}{args_text} . -> push {image} "
         f"(log: gs://{reg.staging_bucket}/logs/)")
     out(f"  {pre.mark} {pre.line()}")
     if not args.apply:
-        out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags; 10-25 minutes).")
+        out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags).")
         return 0
     if not ready:
         raise NotFound(f"The Artifact Registry repository {reg.path} does not exist: run `gemma3-ray prereqs --image` "

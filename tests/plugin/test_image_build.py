@@ -17,6 +17,7 @@ from tests.plugin.conftest import ALL_SERVICES, PROJECT, PROJECT_NUMBER, REGION,
 from tests.plugin.container_fakes import FakeContainer, FakeResourceManager
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 
+ROOT = Path(__file__).resolve().parents[2]
 REPO = f"projects/{PROJECT}/locations/{REGION}/repositories/gemma3-ray"
 HOST = f"{REGION}-docker.pkg.dev/{PROJECT}/gemma3-ray"
 STAGING = f"{PROJECT}-gemma3-ray-build"
@@ -24,7 +25,8 @@ BUILDER = f"serviceAccount:{PROJECT_NUMBER}-compute@developer.gserviceaccount.co
 NODES = f"nodes@{PROJECT}.iam.gserviceaccount.com"
 DOCKERFILE = """\
 # syntax=docker/dockerfile:1
-FROM rayproject/ray:2.60.0-py311-gpu AS base
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE} AS base
 COPY --chown=ray:users trainer/requirements.txt \\
      /tmp/requirements.txt
 RUN pip install --no-cache-dir -r /tmp/requirements.txt
@@ -91,9 +93,18 @@ def _bucket_members(url: str, bucket: str, role: str) -> set[str]:
     return {m for b in policy.bindings if b["role"] == role for m in b["members"]}
 
 
+def test_the_repository_dockerfile_builds_from_the_ray_pin() -> None:
+    ctx = image_build.context()
+    assert ctx.files == ("images/trainer/Dockerfile", "images/trainer/check_pins.py", "trainer/requirements.txt")
+    ray = next(line for line in (ROOT / "trainer/requirements.txt").read_text().splitlines() if line.startswith("ray["))
+    assert ctx.build_args == (("BASE_IMAGE", f"rayproject/ray:{ray.split('==')[1]}-py311-gpu"),)
+
+
 def test_the_context_is_what_the_dockerfile_copies_and_its_tag_follows_the_pins(source: Path) -> None:
     ctx = image_build.context(source)
     assert ctx.files == ("images/trainer/Dockerfile", "images/trainer/extra-a.txt", "trainer/requirements.txt")
+    assert ctx.build_args == (("BASE_IMAGE", "rayproject/ray:2.60.0-py311-gpu"),)
+    assert image_build.context(source, base="rayproject/ray:2.60.0-py311-cu128").tag != ctx.tag
     assert ctx.tarball() == image_build.context(source).tarball()  # reproducible bytes
     tag = ctx.tag
     (source / "trainer/vision_train.py").write_text("# changed, but not in the image\n")
@@ -164,10 +175,8 @@ def test_build_plans_then_pushes_then_values_writes_it(
     uploaded = storage_client(cloud.url).bucket(STAGING).get_blob(f"source/{tag}.tgz")
     assert uploaded.download_as_bytes() == image_build.context(source).tarball()
     (made,) = cloud.build.builds.values()
-    # images/trainer/Dockerfile requires BASE_IMAGE: the Ray GPU image of the requirements' ray pin.
-    assert list(made.steps[0].args) == ["build", "--file", "images/trainer/Dockerfile",
-                                        "--build-arg", "BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu",
-                                        "--tag", f"{HOST}/trainer:{tag}", "."]
+    assert list(made.steps[0].args) == ["build", "--file", "images/trainer/Dockerfile", "--build-arg",
+                                        "BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu", "--tag", f"{HOST}/trainer:{tag}", "."]
     assert made.logs_bucket == f"gs://{STAGING}/logs"
 
     assert cli.main([*build, "--apply"], cloud.clients()) == 0
@@ -177,7 +186,14 @@ def test_build_plans_then_pushes_then_values_writes_it(
     values = tmp_path / "v.yaml"
     assert cli.main(["values", "--image", "-o", str(values), *BASE], cloud.clients()) == 0
     text = values.read_text()
-    assert f"repository: {HOST}/trainer" in text and f"tag: {tag}" in text
+    assert f"repository: {HOST}/trainer" in text and f"tag: {tag}" in text and "dependencies: image" in text
+    from tests.plugin.test_values import assert_chart_accepts
+
+    docs = assert_chart_accepts(text, tmp_path)  # the chart's schema and helm template (Helm 4 and 3) take it
+    job = next(d for d in docs if d["kind"] == "RayJob")
+    images = {c["image"] for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+              for c in g["template"]["spec"]["containers"]}
+    assert images == {f"{HOST}/trainer:{tag}"}
 
 
 def test_a_failed_build_prints_its_log_and_pushes_nothing(

@@ -24,7 +24,7 @@ from google.api_core import exceptions as gexc
 
 from gemma3_ray import gke_cluster, iam_policy, names
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import UserError, translate
+from gemma3_ray.errors import NotLoggedIn, UserError, not_logged_in, translate
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import MANAGED_BY_LABEL, Action, Plan, Prereqs
 
@@ -196,7 +196,26 @@ class RegistryPrereqs:
             "set the IAM policy of", resource, lambda: iam_policy.change_binding(access(), role, member, present=True))))
 
     def extend(self, plan: Plan) -> None:
-        """Add the image prerequisites to ``plan``."""
+        """Add the image prerequisites to ``plan`` (without credentials: what it would ensure, unchecked)."""
+        try:
+            self._extend(plan)
+        except NotLoggedIn:
+            self.offline(plan)
+
+    def offline(self, plan: Plan) -> None:
+        def refuse() -> None:
+            raise not_logged_in()
+
+        for text in (f"APIs enabled: {', '.join(SERVICES)}",
+                     f"Artifact Registry Docker repository {self.reg.host}",
+                     f"build staging bucket gs://{self.reg.staging_bucket} in {self.dep.region} (uniform bucket-level "
+                     "access, public access prevention enforced)",
+                     f"{READER} on {self.reg.host} for the cluster's node pull identity",
+                     f"{WRITER} on {self.reg.host} for the Cloud Build service account",
+                     f"{STAGING_ROLE} on gs://{self.reg.staging_bucket} for the Cloud Build service account"):
+            plan.actions.append(Action(f"{text} [not checked: not logged in]", refuse))
+
+    def _extend(self, plan: Plan) -> None:
         self._services(plan)
         repo_exists = self._repository_exists()
         if repo_exists:

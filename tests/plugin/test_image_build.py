@@ -272,3 +272,17 @@ def test_offline_plan_without_credentials(source: Path, capsys: pytest.CaptureFi
     assert f"image {HOST}/trainer:{image_build.context(source).tag}: not checked (not logged in)" in out
     assert cli.main([*args, "--apply"], Clients(project=PROJECT)) == 1
     assert "Not logged in" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("gcloud_home")
+def test_the_image_prerequisites_plan_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gemma3_ray.artifact_registry import RegistryPrereqs
+    from gemma3_ray.deployment import Overrides, resolve
+    from gemma3_ray.prereqs import Plan
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    plan = Plan()
+    RegistryPrereqs(resolve(Overrides(project=PROJECT, region=REGION), None, None), Clients(project=PROJECT)).extend(plan)
+    assert len(plan.actions) == 6 and all(a.text.endswith("[not checked: not logged in]") for a in plan.actions)
+    with pytest.raises(image_build.UserError, match="Not logged in"):
+        plan.actions[0].run()

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 import threading
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,9 @@ LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 RAY_CPUS = 4  # two training workers (1 CPU each) plus Ray Train's controller actors
 GCS_BUCKET = "gemma3-ray-test"
 FAKE_GCS_PROJECT = "test-project"
+# fake-gcs-server's request log (one line per request), kept by the fixture that drains it.
+FAKE_GCS_LOG: list[str] = []
+DOWNLOAD_RE = re.compile(r'"GET /storage/v1/b/([^/]+)/o/([^? ]+)\?alt=media')
 
 
 @pytest.fixture(scope="session")
@@ -98,8 +104,9 @@ def fake_gcs() -> Iterator[str]:
     server = FakeGCSServer(host="127.0.0.1")
     server.start()
     # The wrapper pipes the server's request log to stderr and never reads it: once the pipe is full
-    # the server blocks mid-request. Drain it.
-    threading.Thread(target=lambda: [None for _ in server._process.stderr], daemon=True).start()
+    # the server blocks mid-request. Drain it, keeping the lines (object_downloads() counts them).
+    threading.Thread(target=lambda: [FAKE_GCS_LOG.append(line.decode(errors="replace"))
+                                     for line in server._process.stderr], daemon=True).start()
     try:
         req = urllib.request.Request(
             f"{server.url}/storage/v1/b?project={FAKE_GCS_PROJECT}",
@@ -111,3 +118,18 @@ def fake_gcs() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs_downloads(fake_gcs) -> Callable[[], Counter[str]]:
+    """A function: gs://bucket/object -> how many times fake-gcs-server has served its bytes so far.
+
+    (A fixture, not a module function: pytest imports this conftest under another module name than
+    the tests' `tests.trainer.conftest`, and only this copy's log is filled.)
+    """
+
+    def count() -> Counter[str]:
+        found = (DOWNLOAD_RE.search(line) for line in list(FAKE_GCS_LOG))
+        return Counter(f"gs://{m.group(1)}/{urllib.parse.unquote(m.group(2))}" for m in found if m)
+
+    return count

@@ -1,0 +1,97 @@
+"""The data scan kept with the run: which rows can be trained on and why the others cannot, computed once
+per run (each worker scans its share of the rows) and read back by every restart or resize of the run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+SCAN_FILE = "data_scan.json"
+PARTS_DIR = "data_scan_parts"
+FORMAT = 1
+
+
+class RunFiles(Protocol):
+    """The run directory: files by path relative to it (the trainer's Storage)."""
+
+    def read_bytes(self, rel: str) -> bytes | None: ...
+
+    def write_bytes(self, rel: str, data: bytes) -> None: ...
+
+
+@dataclass
+class ScanResult:
+    """The outcome of scanning `rows` rows: the skipped ones, by row index, with their reason."""
+
+    key: str
+    rows: int
+    skipped: dict[int, str] = field(default_factory=dict)
+    reused: bool = False  # read back from the run, not scanned by this attempt
+
+    def keep(self) -> list[int]:
+        return [i for i in range(self.rows) if i not in self.skipped]
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(self.skipped.values()))
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": FORMAT, "key": self.key, "rows": self.rows,
+                           "skipped": {str(i): r for i, r in sorted(self.skipped.items())}}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | None, key: str) -> ScanResult | None:
+        """The stored scan if it is intact and for the same data and rules (`key`), else None."""
+        if not raw:
+            return None
+        try:
+            obj = json.loads(raw)
+            if obj.get("format") != FORMAT or obj.get("key") != key:
+                return None
+            return cls(key=key, rows=int(obj["rows"]), skipped={int(i): str(r) for i, r in obj["skipped"].items()},
+                       reused=True)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None  # a torn or foreign file: scan again
+
+
+def scan_key(**inputs: Any) -> str:
+    """A digest of everything a row's verdict depends on (data files, column mapping, prompt, limits)."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def share(rows: int, rank: int, world_size: int) -> range:
+    """The contiguous block of rows that `rank` scans."""
+    per, extra = divmod(rows, world_size)
+    start = rank * per + min(rank, extra)
+    return range(start, start + per + (1 if rank < extra else 0))
+
+
+def shared_scan(files: RunFiles, key: str, rows: int, scan: Callable[[range], dict[int, str]], rank: int,
+                world_size: int, barrier: Callable[[], None],
+                broadcast: Callable[[Any], Any]) -> ScanResult:
+    """The run's scan: read back when the run has one for `key`; else every rank scans its share
+    (`scan(block) -> {row: reason}` for the bad rows of the block), rank 0 merges and stores it.
+
+    `barrier` and `broadcast` (from rank 0) are the worker group's collectives; every rank calls this.
+    """
+    stored = ScanResult.from_json(files.read_bytes(SCAN_FILE), key) if rank == 0 else None
+    if broadcast(stored is not None):
+        return broadcast(stored)
+    block = share(rows, rank, world_size)
+    part = ScanResult(key=key, rows=rows, skipped=scan(block))
+    files.write_bytes(f"{PARTS_DIR}/{rank:05d}-of-{world_size:05d}.json", part.to_json())
+    barrier()
+    merged = None
+    if rank == 0:
+        skipped: dict[int, str] = {}
+        for r in range(world_size):
+            got = ScanResult.from_json(files.read_bytes(f"{PARTS_DIR}/{r:05d}-of-{world_size:05d}.json"), key)
+            if got is None:
+                raise RuntimeError(f"scan part of rank {r} is missing or unreadable")
+            skipped.update(got.skipped)
+        merged = ScanResult(key=key, rows=rows, skipped=skipped)
+        files.write_bytes(SCAN_FILE, merged.to_json())
+    return broadcast(merged)

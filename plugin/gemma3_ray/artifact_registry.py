@@ -22,11 +22,12 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from gemma3_ray import gke_cluster, iam_policy, names
+from gemma3_ray import bucket_setup, gke_cluster, iam_policy, names
+from gemma3_ray.bucket_setup import MANAGED_BY_LABEL
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import NotLoggedIn, UserError, not_logged_in, translate
 from gemma3_ray.gcp_clients import Clients
-from gemma3_ray.prereqs import MANAGED_BY_LABEL, Action, Plan, Prereqs
+from gemma3_ray.prereqs import Action, Plan
 
 REPOSITORY_ID = names.PRODUCT
 IMAGE_NAME = "trainer"
@@ -180,7 +181,7 @@ class RegistryPrereqs:
             raise translate(exc, "create", f"gs://{bucket.name}") from exc
         # Read back: the settings must hold whatever served the create (emulators drop some of them).
         current = _call("read", f"gs://{bucket.name}", lambda: storage.get_bucket(bucket.name))
-        if not Prereqs._bucket_hardened(current) or not current.labels:
+        if not bucket_setup.hardened(current) or not current.labels:
             current.iam_configuration.uniform_bucket_level_access_enabled = True
             current.iam_configuration.public_access_prevention = "enforced"
             current.labels = {**(current.labels or {}), **dict([MANAGED_BY_LABEL])}

@@ -82,7 +82,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     n.add_argument("-n", "--namespace", help="Kubernetes namespace (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
     n.add_argument("--release", help="Helm release name (default: gemma3-ray)")
     n.add_argument("--bucket", help="bucket name (default: PROJECT-gemma3-ray)")
-    n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/RELEASE)")
+    n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/NAMESPACE/RELEASE)")
     n.add_argument("--gsa-name", help="Google service account ID (default: gemma3-ray)")
     n.add_argument("--ksa", help="Kubernetes service account (default: gemma3-ray)")
     n.add_argument("--hf-secret", help="Secret holding the Hugging Face token (default: hf-secret)")

@@ -47,6 +47,22 @@ def _api_error(exc: Exception, what: str) -> UserError:
     return ClusterError(f"Could not {what}: {getattr(exc, 'reason', None) or exc}.")
 
 
+api_error = _api_error
+
+
+def delete_rayjob(custom: Any, namespace: str, name: str) -> None:
+    """Delete one RayJob (already gone is fine)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        custom.delete_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name,
+                                               propagation_policy="Background")
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return
+        raise _api_error(exc, f"delete RayJob {namespace}/{name}") from None
+
+
 def read_secret(core: Any, namespace: str, name: str) -> Any | None:
     from kubernetes.client.exceptions import ApiException
 

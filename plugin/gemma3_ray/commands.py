@@ -10,7 +10,7 @@ from typing import Any
 
 from gemma3_ray import names
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import EXIT_FAILURE, MissingSetting
+from gemma3_ray.errors import EXIT_FAILURE, MissingSetting, NotLoggedIn
 from gemma3_ray.gcp_clients import Clients
 
 TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -40,12 +40,26 @@ def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: s
     from gemma3_ray.prereqs import Prereqs
 
     p = Prereqs(dep, clients, hf_token=hf_token)
-    plan = p.plan()
-    if image:  # the Artifact Registry repository and build staging bucket `image build` needs
-        from gemma3_ray.artifact_registry import RegistryPrereqs
+    header = f"Prerequisites of release {dep.owner} in project {dep.project}, region {dep.region}:"
+    try:
+        plan = p.plan()
+        if image:  # the Artifact Registry repository and build staging bucket `image build` needs
+            from gemma3_ray.artifact_registry import RegistryPrereqs
 
-        RegistryPrereqs(dep, clients).extend(plan)
-    out(f"Prerequisites for project {dep.project}, region {dep.region}, namespace {dep.namespace}:")
+            RegistryPrereqs(dep, clients).extend(plan)
+    except NotLoggedIn:
+        if not dry_run:
+            raise
+        out(header)
+        offline = p.offline_plan()
+        if image:
+            offline.unchecked.append("Artifact Registry repository and build staging bucket for `image build` (--image)")
+        for line in offline.lines():
+            out(line)
+        out("Not logged in: nothing was read or changed. To see what exists and what would change, run "
+            "`gcloud auth application-default login` and this command again.")
+        return 0
+    out(header)
     for line in plan.lines():
         out(line)
     if not plan.actions:
@@ -180,31 +194,10 @@ def cmd_logs(args: argparse.Namespace, clients: Clients | None) -> int:
 
 
 def cmd_down(args: argparse.Namespace, clients: Clients | None) -> int:
-    from gemma3_ray import prereqs, release
+    from gemma3_ray import down
 
     dep, clients = _deployment(args, clients)
-    if args.uninstall:
-        if args.dry_run:
-            _out(f"  + helm uninstall {dep.release} -n {dep.namespace}")
-        else:
-            release.uninstall(release.client(args.kubeconfig, args.kube_context), dep.release, dep.namespace)
-            _out(f"Uninstalled release {dep.release}.")
-    if not args.prereqs:
-        return 0
-    plan = prereqs.teardown_plan(dep, clients, delete_bucket=args.delete_bucket)
-    _out(f"Removing the prerequisites of project {dep.project}, namespace {dep.namespace}:")
-    for line in plan.lines():
-        _out(line)
-    if not plan.actions:
-        _out("Nothing to remove.")
-    elif args.dry_run:
-        _out("Dry run: nothing changed.")
-    else:
-        for a in plan.actions:
-            _out(f"  ... {a.text}")
-            a.run()
-        _out("Done.")
-    return 0
+    return down.run(args, dep, clients, _out)
 
 
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]
@@ -241,10 +234,13 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     p.set_defaults(handler=cmd_logs)
 
-    p = sub.add_parser("down", help="helm uninstall; with --prereqs also remove what `prereqs` created")
+    p = sub.add_parser("down", help="delete the RayJob, helm uninstall; with --prereqs also this release's GCP grants")
     add_common(p)
     p.add_argument("--no-uninstall", dest="uninstall", action="store_false", help="keep the Helm release")
-    p.add_argument("--prereqs", action="store_true", help="remove the IAM bindings and the GSA `prereqs` created")
-    p.add_argument("--delete-bucket", action="store_true", help="with --prereqs: also delete the bucket and its objects")
+    p.add_argument("--prereqs", action="store_true",
+                   help="also remove what `prereqs` made for this release (its grants, its service account unless "
+                   "another release uses it); the shared bucket is kept")
+    p.add_argument("--delete-data", "--delete-bucket", dest="delete_data", action="store_true",
+                   help="with --prereqs: also delete this release's objects (its prefix only, never the bucket)")
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, change nothing")
     p.set_defaults(handler=cmd_down)

@@ -18,8 +18,10 @@ from gemma3_ray.machine_shapes import Shape
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_RELEASE = names.PRODUCT
-DEFAULT_GSA_ID = names.PRODUCT
-DEFAULT_KSA = names.PRODUCT
+# The release's folder in the bucket defaults to gemma3-ray/NAMESPACE/RELEASE: releases of the same
+# name in two namespaces never share a folder (the chart alone, without a namespace, uses
+# gemma3-ray/RELEASE). Identities are per release by default: the Kubernetes service account is the
+# chart's default (the release's full name), the Google service account names.release_gsa_id().
 # The tutorial's Secret (kubectl create secret generic hf-secret --from-literal=hf_api_token=...).
 DEFAULT_HF_SECRET = "hf-secret"
 DEFAULT_HF_SECRET_KEY = "hf_api_token"
@@ -70,6 +72,11 @@ class Deployment:
     @property
     def gsa_member(self) -> str:
         return f"serviceAccount:{self.gsa_email}"
+
+    @property
+    def owner(self) -> str:
+        """The release, as named in what `prereqs` creates for it."""
+        return f"{self.namespace}/{self.release}"
 
 
 @dataclass
@@ -135,17 +142,18 @@ def resolve(
         raise names.InvalidName(f"Invalid --replicas {replicas}: a training run needs at least one worker node.")
     if flags.reservation:
         names.reservation(flags.reservation)
+    namespace = names.namespace(flags.namespace or DEFAULT_NAMESPACE)
     return Deployment(
         project=project,
         region=region,
         zone=zone,
         cluster=cluster,
-        namespace=names.namespace(flags.namespace or DEFAULT_NAMESPACE),
+        namespace=namespace,
         release=release,
         bucket=names.bucket(flags.bucket) if flags.bucket else names.default_bucket(project),
-        prefix=names.prefix(flags.prefix if flags.prefix is not None else f"{names.PRODUCT}/{release}"),
-        gsa_id=names.gsa_account_id(flags.gsa_name or DEFAULT_GSA_ID),
-        ksa=names.ksa(flags.ksa or DEFAULT_KSA),
+        prefix=names.prefix(flags.prefix if flags.prefix is not None else f"{names.PRODUCT}/{namespace}/{release}"),
+        gsa_id=names.gsa_account_id(flags.gsa_name) if flags.gsa_name else names.release_gsa_id(namespace, release),
+        ksa=names.ksa(flags.ksa or names.chart_fullname(release)),
         hf_secret=names.secret_name(flags.hf_secret or DEFAULT_HF_SECRET),
         hf_secret_key=names.secret_key(flags.hf_secret_key or DEFAULT_HF_SECRET_KEY),
         replicas=replicas,

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gemma3_ray import cluster, kuberay_crd, names, prereqs
+from gemma3_ray import bucket_setup, cluster, kuberay_crd, names, prereqs
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import UserError
+from gemma3_ray.errors import UserError, translate
 from gemma3_ray.gcp_clients import Clients
 
 WI_ANNOTATION = "iam.gke.io/gcp-service-account"
@@ -128,8 +128,7 @@ def check_hf_secret(dep: Deployment, kube: Kube) -> Check:
 
 def check_bucket(dep: Deployment, clients: Clients) -> Check:
     def run() -> Check:
-        p = prereqs.Prereqs(dep, clients)
-        bucket = p._bucket_state()  # raises RegionMismatch / BucketOwnedElsewhere with the fix
+        bucket = bucket_setup.read(dep, clients)  # raises RegionMismatch / BucketOwnedElsewhere with the fix
         if bucket is None:
             return Check("bucket", False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
         return Check("bucket", True, f"gs://{dep.bucket} in {bucket.location}, cluster in {dep.region}")
@@ -143,21 +142,19 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
     def binding() -> Check:
         from gemma3_ray import iam_policy
 
+        if prereqs.Prereqs(dep, clients).read_gsa() is None:
+            return Check("Workload Identity binding", False, f"{dep.gsa_email} does not exist: run `gemma3-ray "
+                         f"prereqs -n {dep.namespace} --release {dep.release}`")
         access = iam_policy.service_account_policy(clients.get_iam(), dep.gsa_resource)
         try:
-            policy = p._call("read the IAM policy of", dep.gsa_email, access.read)
-        except Exception as exc:  # NotFound: no GSA yet
-            from google.api_core import exceptions as gexc
-
-            if isinstance(exc, gexc.NotFound):
-                return Check("Workload Identity binding", False, f"{dep.gsa_email} does not exist: run `gemma3-ray prereqs`")
-            raise
+            policy = access.read()
+        except Exception as exc:
+            raise translate(exc, "read the IAM policy of", dep.gsa_email) from exc
         if access.has(policy, prereqs.WORKLOAD_IDENTITY_ROLE, dep.wi_member):
             return Check("Workload Identity binding", True, f"{dep.wi_member} may act as {dep.gsa_email}")
         return Check("Workload Identity binding", False, f"{dep.wi_member} lacks {prereqs.WORKLOAD_IDENTITY_ROLE} on "
                      f"{dep.gsa_email}: run `gemma3-ray prereqs -n {dep.namespace} --ksa {dep.ksa}`")
 
-    p = prereqs.Prereqs(dep, clients)
     out.append(_guard("Workload Identity binding", binding))
     if kube.core is None:
         out.append(Check("KSA annotation", False, "no cluster connection"))

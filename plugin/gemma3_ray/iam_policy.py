@@ -42,9 +42,12 @@ class PolicyAccess:
     remove: Callable[[Any, str, str], None]
 
 
-def _retryable(exc: Exception) -> bool:
+def _retryable(exc: Exception, just_created: bool) -> bool:
     if isinstance(exc, gexc.Conflict | gexc.PreconditionFailed):  # Aborted is a Conflict
         return True
+    if isinstance(exc, gexc.NotFound):
+        # IAM answers 404 on getIamPolicy/setIamPolicy for a service account created a moment ago.
+        return just_created
     if isinstance(exc, gexc.BadRequest | gexc.InvalidArgument):
         text = str(exc).lower()
         if _PERMANENT_HINT in text:  # no Workload Identity pool: permanent, never propagation
@@ -53,22 +56,34 @@ def _retryable(exc: Exception) -> bool:
     return False
 
 
-def change_binding(access: PolicyAccess, role: str, member: str, *, present: bool,
-                   sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Make (role, member) present or absent; True if the policy was written."""
+def update(read: Callable[[], Any], write: Callable[[Any], Any], edit: Callable[[Any], bool], *,
+           just_created: bool = False, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Read-modify-write one policy: ``edit`` changes it in place and says whether it did; the whole
+    cycle is retried on a stale etag (and, for a resource ``just_created``, on IAM's early 404)."""
     for attempt in range(MAX_ATTEMPTS):
-        policy = access.read()
-        if access.has(policy, role, member) == present:
-            return False
-        (access.add if present else access.remove)(policy, role, member)
         try:
-            access.write(policy)
+            policy = read()
+            if not edit(policy):
+                return False
+            write(policy)
             return True
         except Exception as exc:
-            if not _retryable(exc) or attempt == MAX_ATTEMPTS - 1:
+            if not _retryable(exc, just_created) or attempt == MAX_ATTEMPTS - 1:
                 raise
         sleep(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt) * (0.5 + random.random()))  # noqa: S311
     raise AssertionError("unreachable")
+
+
+def change_binding(access: PolicyAccess, role: str, member: str, *, present: bool, just_created: bool = False,
+                   sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Make the unconditional (role, member) binding present or absent; True if the policy was written."""
+    def edit(policy: Any) -> bool:
+        if access.has(policy, role, member) == present:
+            return False
+        (access.add if present else access.remove)(policy, role, member)
+        return True
+
+    return update(access.read, access.write, edit, just_created=just_created, sleep=sleep)
 
 
 # --- google.iam.v1 Policy protos (IAM Admin API: service accounts) ---------------------------------

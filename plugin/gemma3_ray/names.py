@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from gemma3_ray.errors import InvalidName
@@ -190,3 +191,27 @@ def machine_type(value: str) -> str:
 def workload_identity_member(project: str, ns: str, ksa_name: str) -> str:
     """The IAM principal of a Kubernetes service account under GKE Workload Identity."""
     return f"serviceAccount:{project}.svc.id.goog[{ns}/{ksa_name}]"
+
+
+CHART_FULLNAME_MAX = 40  # the chart's fullname helper truncates to 40 (KubeRay's derived names)
+_GSA_PREFIX = "g3r-"
+_GSA_HASH_LEN = 6
+_GSA_ID_MAX = 30
+
+
+def chart_fullname(release_name: str) -> str:
+    """The chart's ``gemma3-ray.fullname`` (no overrides): the release, or ``RELEASE-gemma3-ray``."""
+    name = release_name if PRODUCT in release_name else f"{release_name}-{PRODUCT}"
+    return name[:CHART_FULLNAME_MAX].rstrip("-")
+
+
+def release_gsa_id(ns: str, release_name: str) -> str:
+    """The Google service account of one release: ``g3r-<release>-<hash of namespace/release>``.
+
+    One per (namespace, release), so no two releases share an identity; the hash keeps equal release
+    names in different namespaces apart and the ID within IAM's 30 characters.
+    """
+    digest = hashlib.sha256(f"{ns}/{release_name}".encode()).hexdigest()[:_GSA_HASH_LEN]
+    room = _GSA_ID_MAX - len(_GSA_PREFIX) - 1 - _GSA_HASH_LEN
+    readable = release_name[:room].rstrip("-")
+    return gsa_account_id(f"{_GSA_PREFIX}{readable}-{digest}")

@@ -59,14 +59,26 @@ def template(helm: Any, release: str, chart: Path, values: list[dict[str, Any]],
         raise ClusterError(f"helm template {release} failed: {_first_line(exc)}.") from exc
 
 
+def exists(helm: Any, release: str, namespace: str) -> bool:
+    """Whether the release is installed in the namespace (any status)."""
+    from pyhelm3.errors import ReleaseNotFoundError
+
+    try:
+        asyncio.run(helm.get_current_revision(release, namespace=namespace))
+    except ReleaseNotFoundError:
+        return False
+    except Exception as exc:
+        raise ClusterError(f"helm status {release} failed: {_first_line(exc)}; check the kube context "
+                           "(`kubectl config current-context`).") from exc
+    return True
+
+
 def uninstall(helm: Any, release: str, namespace: str) -> None:
+    """``helm uninstall`` (without waiting); an error is raised, never swallowed."""
     try:
         asyncio.run(helm.uninstall_release(release, namespace=namespace, wait=False))
     except Exception as exc:
-        text = _first_line(exc)
-        if "not found" in text.lower():
-            return
-        raise ClusterError(f"helm uninstall {release} failed: {text}.") from exc
+        raise ClusterError(f"helm uninstall {release} -n {namespace} failed: {_first_line(exc)}.") from exc
 
 
 def _first_line(exc: Exception) -> str:

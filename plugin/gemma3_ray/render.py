@@ -49,12 +49,12 @@ def owned_values(dep: Deployment) -> list[Value]:
         Value(("serviceAccount", "name"), dep.ksa,
               f"its name; `gemma3-ray prereqs` lets {dep.namespace}/{dep.ksa} act as the Google service account"),
         Value(("serviceAccount", "gcpServiceAccount"), dep.gsa_email,
-              "Workload Identity: annotation iam.gke.io/gcp-service-account (object admin on the bucket only)"),
+              "Workload Identity: this release's own Google service account (objectUser on its prefix only)"),
         Value(("hfToken", "existingSecret"), dep.hf_secret,
-              "Secret with the Hugging Face token (`gemma3-ray prereqs --hf-token-from-env HF_TOKEN` creates it)"),
+              "Secret with the Hugging Face token (`gemma3-ray prereqs --hf-token-file -` creates it)"),
         Value(("hfToken", "secretKey"), dep.hf_secret_key, "key of the token inside that Secret"),
         Value(("storage", "bucket"), dep.bucket, f"bucket in {dep.region} (uniform access, public access prevention)"),
-        Value(("storage", "prefix"), dep.prefix, "checkpoints, final adapter, metrics.jsonl and summary.json land here"),
+        Value(("storage", "prefix"), dep.prefix, "this release's folder: its runs (checkpoints, adapter, metrics) land under runs/"),
         Value(("workers", "replicas"), dep.replicas, "GPU nodes (one Ray worker pod each)"),
     ]
     shape: Shape | None = dep.shape

@@ -2,10 +2,15 @@
 IAM policies) and Service Usage. They keep the real APIs' semantics where this plugin depends on
 them: 409 ALREADY_EXISTS on create, 404 NOT_FOUND, 403 PERMISSION_DENIED naming the permission
 (with a google.rpc.ErrorInfo), and etag-checked setIamPolicy answering 409 ABORTED when stale.
+IAM's eventual consistency and its permanent errors are there too: ``not_found_after_create`` makes
+the policy of a service account created a moment ago answer 404 for that many calls (as real IAM
+does right after createServiceAccount), and ``workload_pools`` lists the projects whose Workload
+Identity pool exists (a member of another pool gets real IAM's 400 "Identity Pool does not exist").
 They record every call, so tests can assert that a dry run mutated nothing."""
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +21,7 @@ from google.iam.v1 import policy_pb2
 from google.rpc import error_details_pb2
 
 ALL = "*"
+_POOL_RE = re.compile(r"^serviceAccount:(?P<project>[a-z0-9.:-]+)\.svc\.id\.goog\[")
 
 
 def _denied(permission: str, resource: str) -> gexc.PermissionDenied:
@@ -39,6 +45,9 @@ class FakeIAM:
     calls: list[tuple[str, str]] = field(default_factory=list)
     read_barrier: threading.Barrier | None = None  # forces concurrent read-modify-writes to interleave
     conflicts: int = 0
+    not_found_after_create: int = 0
+    workload_pools: set[str] | None = None  # None: every project's pool exists
+    _young: dict[str, int] = field(default_factory=dict)  # email -> 404s still to answer
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     MUTATING = ("create_service_account", "delete_service_account", "set_iam_policy")
@@ -64,7 +73,27 @@ class FakeIAM:
                                              project_id=project, **r.get("service_account", {}))
             self.accounts[email] = sa
             self.policies[email] = policy_pb2.Policy(version=1, etag=b"\x00\x00\x00\x01")
+            if self.not_found_after_create:
+                self._young[email] = self.not_found_after_create
         return sa
+
+    def _not_yet_visible(self, resource: str) -> None:
+        email = self._email(resource)
+        with self._lock:
+            if self._young.get(email, 0) > 0:
+                self._young[email] -= 1
+                raise gexc.NotFound(f"Service account {resource} does not exist.")
+
+    def _check_pools(self, policy: policy_pb2.Policy) -> None:
+        if self.workload_pools is None:
+            return
+        for b in policy.bindings:
+            for m in b.members:
+                pool = _POOL_RE.match(m)
+                if pool and pool["project"] not in self.workload_pools:
+                    raise gexc.BadRequest(
+                        f"Identity Pool does not exist ({pool['project']}.svc.id.goog). Please check that you "
+                        "specified a valid resource name as returned in the `name` attribute in the configuration API.")
 
     def get_service_account(self, request: Any = None) -> iam_admin_v1.ServiceAccount:
         name = _req(request)["name"]
@@ -88,6 +117,7 @@ class FakeIAM:
         resource = _req(request)["resource"]
         self.calls.append(("get_iam_policy", resource))
         self._check("iam.serviceAccounts.getIamPolicy", resource)
+        self._not_yet_visible(resource)
         with self._lock:
             if self._email(resource) not in self.policies:
                 raise gexc.NotFound(f"Service account {resource} does not exist.")
@@ -102,6 +132,8 @@ class FakeIAM:
         resource, policy = r["resource"], r["policy"]
         self.calls.append(("set_iam_policy", resource))
         self._check("iam.serviceAccounts.setIamPolicy", resource)
+        self._not_yet_visible(resource)
+        self._check_pools(policy)
         with self._lock:
             current = self.policies.get(self._email(resource))
             if current is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gemma3_ray import names
 
 from tests.plugin.conftest import ROOT, GcloudHome
 
@@ -54,7 +55,8 @@ def test_plugin_installs_and_runs_through_helm(major: str, tmp_path: Path, gclou
     out = run(helm, env, "-n", "team-ml", "gemma3-ray", "values", "--machine-type", "a4-highgpu-8g")
     assert out.returncode == 0, out.stderr
     v = yaml.safe_load(out.stdout)
-    assert v["serviceAccount"]["gcpServiceAccount"] == "gemma3-ray@acme-ml-1.iam.gserviceaccount.com"
+    gsa = names.release_gsa_id("team-ml", "gemma3-ray")
+    assert v["serviceAccount"]["gcpServiceAccount"] == f"{gsa}@acme-ml-1.iam.gserviceaccount.com"
     assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"]) == ("nvidia-b200", 8)
     assert "namespace team-ml" in out.stdout and "--namespace" not in out.stdout
 

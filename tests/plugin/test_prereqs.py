@@ -1,4 +1,4 @@
-"""`prereqs` and `down` against real storage emulators (gcp-storage-emulator for buckets + bucket IAM,
+"""`prereqs` against real storage emulators (gcp-storage-emulator for buckets + bucket IAM,
 fake-gcs-server for bucket locations) and the IAM / Service Usage fakes, through the CLI's own code."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, commands, prereqs
+from gemma3_ray import bucket_setup, cli, commands, grants, names, prereqs
 from gemma3_ray.deployment import Overrides, resolve
 from gemma3_ray.gcp_clients import Clients
 
 from tests.plugin.conftest import ALL_SERVICES, PROJECT, REGION, Recorder, storage_client
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 
-GSA = f"gemma3-ray@{PROJECT}.iam.gserviceaccount.com"
+GSA = f"{names.release_gsa_id('default', 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
 BUCKET = f"{PROJECT}-gemma3-ray"
 BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context"]
 
@@ -23,13 +23,12 @@ def _clients(url: str, iam: FakeIAM, usage: FakeServiceUsage, rec: Recorder | No
     return Clients(project=PROJECT, storage=storage_client(url, rec), iam=iam, service_usage=usage)
 
 
-def _bucket_members(url: str, role: str, bucket: str = BUCKET) -> set[str]:
-    policy = storage_client(url).bucket(bucket).get_iam_policy(requested_policy_version=3)
-    return {m for b in policy.bindings if b["role"] == role for m in b["members"]}
+def bucket_bindings(url: str, bucket: str = BUCKET) -> list[dict]:  # type: ignore[type-arg]
+    return list(storage_client(url).bucket(bucket).get_iam_policy(requested_policy_version=3).bindings)
 
 
-def _sa_members(iam: FakeIAM, role: str) -> set[str]:
-    return {m for b in iam.policies[GSA].bindings if b.role == role for m in b.members}
+def _sa_members(iam: FakeIAM, role: str, gsa: str = GSA) -> set[str]:
+    return {m for b in iam.policies[gsa].bindings if b.role == role for m in b.members}
 
 
 def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
@@ -37,21 +36,28 @@ def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
 ) -> None:
     rec = Recorder()
     args = [*BASE, "-n", "team-a", "--ksa", "trainer"]
+    gsa = f"{names.release_gsa_id('team-a', 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
     assert cli.main(["prereqs", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
     out = capsys.readouterr().out
     assert f"+ create bucket gs://{BUCKET} in {REGION}" in out
-    assert "Done: 6 change(s) applied." in out
+    assert "Done: 5 change(s) applied." in out
 
     assert fake_usage.enabled == ALL_SERVICES
     bucket = storage_client(gcs_iam_emulator).get_bucket(BUCKET)
     assert bucket.iam_configuration.uniform_bucket_level_access_enabled is True
     assert bucket.iam_configuration.public_access_prevention == "enforced"
     assert bucket.labels == {"managed-by": "gemma3-ray"}
-    for role in prereqs.BUCKET_ROLES:
-        assert _bucket_members(gcs_iam_emulator, role) == {f"serviceAccount:{GSA}"}
-    assert _bucket_members(gcs_iam_emulator, "roles/storage.admin") == set()
-    assert fake_iam.accounts[GSA].description == prereqs.GSA_DESCRIPTION
-    assert _sa_members(fake_iam, prereqs.WORKLOAD_IDENTITY_ROLE) == {
+    # the release's own service account, and on the bucket only its two conditional grants
+    assert set(fake_iam.accounts) == {gsa}
+    assert "release team-a/gemma3-ray" in fake_iam.accounts[gsa].description
+    bindings = {b["role"]: b for b in bucket_bindings(gcs_iam_emulator)}
+    assert set(bindings) == {"roles/storage.objectUser", "roles/storage.bucketViewer"}
+    for b in bindings.values():
+        assert b["members"] == {f"serviceAccount:{gsa}"}
+        assert b["condition"]["title"] == "gemma3-ray team-a/gemma3-ray"
+    assert ('resource.name.startsWith("projects/_/buckets/demo-proj-1-gemma3-ray/objects/gemma3-ray/team-a/gemma3-ray/")'
+            in bindings["roles/storage.objectUser"]["condition"]["expression"])
+    assert _sa_members(fake_iam, prereqs.WORKLOAD_IDENTITY_ROLE, gsa) == {
         f"serviceAccount:{PROJECT}.svc.id.goog[team-a/trainer]"}
 
     mutations = (len(rec.mutations()), len(fake_iam.mutations()), len(fake_usage.mutations()))
@@ -69,7 +75,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(
     assert cli.main(["prereqs", "--dry-run", *BASE], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
     out = capsys.readouterr().out
     planned = [line for line in out.splitlines() if line.startswith("  + ")]
-    assert len(planned) == 6, out
+    assert len(planned) == 5, out
     assert "enable APIs: storage.googleapis.com" in out
     assert f"grant roles/iam.workloadIdentityUser on {GSA}" in out
     assert "Dry run: nothing changed" in out
@@ -79,14 +85,22 @@ def test_dry_run_prints_the_plan_and_changes_nothing(
     assert list(storage_client(gcs_iam_emulator).list_buckets()) == []
 
 
-def test_two_concurrent_runs_keep_every_binding(gcs_iam_emulator: str, fake_usage: FakeServiceUsage) -> None:
-    iam = FakeIAM(read_barrier=threading.Barrier(2, timeout=60))  # both read the policy before either writes
+def test_two_concurrent_runs_sharing_a_service_account_keep_every_binding(
+    gcs_iam_emulator: str, fake_usage: FakeServiceUsage,
+) -> None:
+    """Two releases given the same --gsa-name at once: both read the policy before either writes (the
+    fake's etag check answers the second write 409), and both Workload Identity bindings survive."""
+    iam = FakeIAM(read_barrier=threading.Barrier(2, timeout=60))
     teams = [("team-a", "trainer-a"), ("team-b", "trainer-b")]
+    shared = f"shared-trainer@{PROJECT}.iam.gserviceaccount.com"
+    iam.create_service_account(request={"name": f"projects/{PROJECT}", "account_id": "shared-trainer",
+                                        "service_account": {"description": "made by hand"}})
     errors: list[BaseException] = []
 
     def run(ns: str, ksa: str) -> None:
         try:
-            dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns, ksa=ksa), None, None)
+            dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns, ksa=ksa,
+                                    gsa_name="shared-trainer"), None, None)
             clients = _clients(gcs_iam_emulator, iam, fake_usage)
             assert commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
         except BaseException as exc:  # surfaced below
@@ -99,34 +113,89 @@ def test_two_concurrent_runs_keep_every_binding(gcs_iam_emulator: str, fake_usag
         t.join()
     assert errors == []
     assert iam.conflicts >= 1, "the interleaved writes must have met a stale etag"
-    assert _sa_members(iam, prereqs.WORKLOAD_IDENTITY_ROLE) == {
+    assert _sa_members(iam, prereqs.WORKLOAD_IDENTITY_ROLE, shared) == {
         f"serviceAccount:{PROJECT}.svc.id.goog[{ns}/{ksa}]" for ns, ksa in teams}
-    assert _bucket_members(gcs_iam_emulator, "roles/storage.objectAdmin") == {f"serviceAccount:{GSA}"}
     assert len(iam.accounts) == 1
 
 
-def test_down_removes_what_prereqs_made_and_the_bucket_only_when_asked(
-    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+def test_iam_404_right_after_creating_the_service_account_is_waited_out(
+    gcs_iam_emulator: str, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    clients = _clients(gcs_iam_emulator, fake_iam, fake_usage)
-    assert cli.main(["prereqs", *BASE], clients) == 0
-    storage_client(gcs_iam_emulator).bucket(BUCKET).blob("gemma3-ray/gemma3-ray/summary.json").upload_from_string("{}")
-    capsys.readouterr()
+    """Issue #12 (6): real IAM answers getIamPolicy/setIamPolicy on a just-created account with 404
+    for a while; that escaped as google.api_core.exceptions.NotFound."""
+    iam = FakeIAM(not_found_after_create=3)
+    assert cli.main(["prereqs", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 0, capsys.readouterr().err
+    assert _sa_members(iam, prereqs.WORKLOAD_IDENTITY_ROLE) == {
+        f"serviceAccount:{PROJECT}.svc.id.goog[default/gemma3-ray]"}
+    assert [c for c in iam.calls if c[0] == "get_iam_policy"].__len__() >= 4
 
-    assert cli.main(["down", "--no-uninstall", "--prereqs", "--dry-run", *BASE], clients) == 0
-    assert "Dry run: nothing changed." in capsys.readouterr().out
-    assert GSA in fake_iam.accounts
 
-    assert cli.main(["down", "--no-uninstall", "--prereqs", *BASE], clients) == 0
+def test_a_project_without_a_workload_pool_fails_at_once_with_the_fix(
+    gcs_iam_emulator: str, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #12 (6): real IAM's 400 "Identity Pool does not exist" is permanent: no 38 s of retries."""
+    iam = FakeIAM(workload_pools=set())
+    assert cli.main(["prereqs", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 1
+    err = _one_sentence_error(capsys)
+    assert f"--workload-pool={PROJECT}.svc.id.goog" in err and "gcloud container clusters update" in err
+    assert [c[0] for c in iam.calls].count("set_iam_policy") == 1, "a permanent 400 is not retried"
+
+
+def test_offline_plan_without_credentials(gcloud_home, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #12 (4): `make prereqs` (a dry run) without credentials prints everything it would ensure,
+    each marked "not checked"; the same without --dry-run is the one-sentence "Not logged in"."""
+    _no_credentials(tmp_path, monkeypatch)
+    assert cli.main(["prereqs", "--dry-run", *BASE, "-n", "team-a"]) == 0
     out = capsys.readouterr().out
-    assert f"delete Google service account {GSA}" in out
-    assert "kept (pass --delete-bucket" in out
-    assert GSA not in fake_iam.accounts
-    assert _bucket_members(gcs_iam_emulator, "roles/storage.objectAdmin") == set()
-    assert storage_client(gcs_iam_emulator).lookup_bucket(BUCKET) is not None
+    unchecked = [line for line in out.splitlines() if line.startswith("  ? ")]
+    assert len(unchecked) == 6, out  # APIs, bucket, GSA, its two bucket grants, Workload Identity
+    assert all(line.endswith(": not checked (not logged in)") for line in unchecked)
+    gsa = names.release_gsa_id("team-a", "gemma3-ray")
+    for expected in (f"gs://{BUCKET}", gsa, "roles/storage.objectUser", "roles/storage.bucketViewer",
+                     f"{PROJECT}.svc.id.goog[team-a/gemma3-ray]", "iamcredentials.googleapis.com"):
+        assert expected in out
+    assert "gcloud auth application-default login" in out
+    assert cli.main(["prereqs", *BASE]) == 1
+    assert "Not logged in" in _one_sentence_error(capsys)
 
-    assert cli.main(["down", "--no-uninstall", "--prereqs", "--delete-bucket", *BASE], clients) == 0
-    assert storage_client(gcs_iam_emulator).lookup_bucket(BUCKET) is None
+
+def test_notfound_from_a_storage_endpoint_without_iam_is_one_sentence(
+    fake_gcs_factory, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #12 (6): fake-gcs-server has no bucket IAM endpoint (404): that was a traceback."""
+    url = fake_gcs_factory(REGION.upper())
+    storage_client(url).create_bucket(BUCKET)
+    fake_iam.create_service_account(request={"name": f"projects/{PROJECT}",
+                                             "account_id": names.release_gsa_id("default", "gemma3-ray")})
+    assert cli.main(["prereqs", *BASE], _clients(url, fake_iam, fake_usage)) == 1
+    err = _one_sentence_error(capsys)
+    assert f"gs://{BUCKET}" in err and "404" in err
+
+
+def _no_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    # no metadata server either: point google-auth's GCE probe at a closed local port
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+
+
+def test_grants_title_and_prefix_round_trip() -> None:
+    gs = grants.for_release("b", "team/x", "ns-1", "rel-1", "serviceAccount:a@p.iam.gserviceaccount.com")
+
+    class P:
+        bindings: list = []  # type: ignore[type-arg]
+        version = 1
+
+    policy = P()
+    for g in gs:
+        grants.add(policy, g, "d")
+    (holder,) = grants.holders(policy)
+    assert (holder.name, holder.prefixes) == ("ns-1/rel-1", frozenset({"team/x"}))
+    assert grants.overlaps("team/x", "team") and not grants.overlaps("team/x", "team/x2")
+    assert len(grants.remove_release(policy, "ns-1", "rel-1")) == 2 and policy.bindings == []
 
 
 def _one_sentence_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -210,19 +279,6 @@ def test_invalid_names_fail_before_any_api_call(
     assert rec.requests == [] and fake_iam.calls == [] and fake_usage.calls == []
 
 
-def test_not_logged_in(gcloud_home, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                       capsys: pytest.CaptureFixture[str]) -> None:
-    for var in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    # no metadata server either: point google-auth's GCE probe at a closed local port
-    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
-    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
-    assert cli.main(["prereqs", "--dry-run", *BASE]) == 1
-    err = _one_sentence_error(capsys)
-    assert "Not logged in" in err and "gcloud auth application-default login" in err
-
-
 @pytest.mark.parametrize(("location", "region", "ok"), [
     ("NAM4", "us-central1", True), ("NAM4", "us-east1", True), ("NAM4", "us-west1", False),
     ("EUR4", "europe-west4", True), ("EUR4", "europe-west1", False), ("US", "us-east4", True),
@@ -250,6 +306,6 @@ def test_configurable_dual_region_is_judged_by_its_data_locations() -> None:
     bucket = Bucket(client=None, name="b")
     bucket._set_properties({"name": "b", "location": "US", "locationType": "dual-region",  # noqa: SLF001
                             "customPlacementConfig": {"dataLocations": ["US-EAST1", "US-EAST4"]}})
-    assert prereqs.location_holds_region(bucket.location, "us-east4", bucket.data_locations)
-    assert not prereqs.location_holds_region(bucket.location, "us-central1", bucket.data_locations)
-    assert prereqs.location_holds_region("US", "us-central1")  # the multi-region itself
+    assert bucket_setup.location_holds_region(bucket.location, "us-east4", bucket.data_locations)
+    assert not bucket_setup.location_holds_region(bucket.location, "us-central1", bucket.data_locations)
+    assert bucket_setup.location_holds_region("US", "us-central1")  # the multi-region itself

@@ -15,7 +15,7 @@ from tests.plugin.conftest import PROJECT, REGION, storage_client
 
 BUCKET = "reports-bucket"
 RELEASE = "tune1"
-PREFIX = f"gemma3-ray/{RELEASE}"  # the chart's default prefix for the release
+PREFIX = f"gemma3-ray/ml/{RELEASE}"  # the plugin's default prefix for the release in namespace ml
 BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context", "-n", "ml", "--bucket", BUCKET]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from gemma3_ray import cli, machine_shapes
+from gemma3_ray import cli, machine_shapes, names
 from gemma3_ray.errors import InvalidName, MissingSetting, UserError
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.kube_context import parse_gke_context
@@ -68,7 +68,8 @@ def test_values_from_a_named_gcloud_configuration_render_with_the_chart(
     gcloud_home.write("ml", GCLOUD_PROPS, activate=True)
     text = values(capsys, "--machine-type", "a3-ultragpu-8g", "--replicas", "2", "-n", "ml")
     v = yaml.safe_load(text)
-    assert v["serviceAccount"]["gcpServiceAccount"] == "gemma3-ray@acme-ml-1.iam.gserviceaccount.com"
+    gsa = names.release_gsa_id("ml", "gemma3-ray")  # the release's own service account
+    assert v["serviceAccount"]["gcpServiceAccount"] == f"{gsa}@acme-ml-1.iam.gserviceaccount.com"
     assert v["storage"]["bucket"] == "acme-ml-1-gemma3-ray"
     assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"], v["workers"]["replicas"]) == (
         "nvidia-h200-141gb", 8, 2)
@@ -79,7 +80,7 @@ def test_values_from_a_named_gcloud_configuration_render_with_the_chart(
     assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == v["serviceAccount"]["gcpServiceAccount"]
     assert sa["metadata"]["name"] == "gemma3-ray"
     entry = _find(docs, "RayJob")["spec"]["entrypoint"]
-    assert "--num_workers=16" in entry and "--storage_path=gs://acme-ml-1-gemma3-ray/gemma3-ray/gemma3-ray" in entry
+    assert "--num_workers=16" in entry and "--storage_path=gs://acme-ml-1-gemma3-ray/gemma3-ray/ml/gemma3-ray" in entry
     assert "nvidia-h200-141gb" in json.dumps(_find(docs, "RayJob"))
 
 
@@ -130,7 +131,8 @@ def test_kube_context_wins_over_gcloud_and_flags_win_over_both(
     v = yaml.safe_load(values(capsys, "--project", "flag-proj-3", "--bucket", "my-bucket", "--region", "us-east4",
                               "--zone", "us-east4-a"))
     assert v["storage"]["bucket"] == "my-bucket"
-    assert v["serviceAccount"]["gcpServiceAccount"] == "gemma3-ray@flag-proj-3.iam.gserviceaccount.com"
+    gsa = names.release_gsa_id("default", "gemma3-ray")
+    assert v["serviceAccount"]["gcpServiceAccount"] == f"{gsa}@flag-proj-3.iam.gserviceaccount.com"
 
 
 def test_output_is_stable_and_an_existing_file_keeps_its_comments_and_keys(

@@ -1,0 +1,58 @@
+"""The shared real kube-apiserver (``../shared/kube-apiserver/apiserver.sh``: etcd + kube-apiserver on
+127.0.0.1 with the KubeRay CRDs; no controllers, pods never run) for one test session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+START_TIMEOUT_S = 180
+HERE = Path(__file__).resolve()
+
+
+def apiserver_script() -> Path | None:
+    """$KUBE_APISERVER_DIR, else ../shared beside the checkout (as in CI), else /work/shared."""
+    candidates = [Path(os.environ["KUBE_APISERVER_DIR"])] if os.environ.get("KUBE_APISERVER_DIR") else []
+    candidates += [HERE.parents[3] / "shared" / "kube-apiserver", Path("/work/shared/kube-apiserver")]
+    return next((c / "apiserver.sh" for c in candidates if (c / "apiserver.sh").is_file()), None)
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The admin kubeconfig of a fresh API server, stopped at the end of the session."""
+    script = apiserver_script()
+    if script is None or shutil.which("etcd") is None:
+        pytest.fail("the real kube-apiserver (../shared/kube-apiserver) and etcd (make setup) are required")
+    work = tmp_path_factory.mktemp("kube-apiserver")
+    started = subprocess.run(["bash", str(script), "start", str(work)], capture_output=True, text=True,
+                             timeout=START_TIMEOUT_S)
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        yield work / "kubeconfig"
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(work)], capture_output=True, timeout=60)
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    out = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def token_kubeconfig(admin: Path, token: str, path: Path, namespace: str) -> Path:
+    """A kubeconfig for the same server that authenticates with a ServiceAccount token."""
+    cfg = yaml.safe_load(admin.read_text())
+    cfg["users"] = [{"name": "sa", "user": {"token": token}}]
+    cfg["contexts"] = [{"name": "sa", "context": {"cluster": cfg["clusters"][0]["name"], "user": "sa",
+                                                  "namespace": namespace}}]
+    cfg["current-context"] = "sa"
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return path

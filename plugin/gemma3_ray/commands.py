@@ -37,7 +37,7 @@ def _deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Depl
 
 def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None,
                 out: Callable[[str], None] = _out, image: bool = False) -> int:
-    from gemma3_ray.prereqs import Prereqs
+    from gemma3_ray.prereqs import Plan, Prereqs
 
     p = Prereqs(dep, clients, hf_token=hf_token)
     header = f"Prerequisites of release {dep.owner} in project {dep.project}, region {dep.region}:"
@@ -53,7 +53,11 @@ def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: s
         out(header)
         offline = p.offline_plan()
         if image:
-            offline.unchecked.append("Artifact Registry repository and build staging bucket for `image build` (--image)")
+            from gemma3_ray.artifact_registry import RegistryPrereqs
+
+            registry = Plan()
+            RegistryPrereqs(dep, clients).offline(registry)
+            offline.unchecked += [a.text.removesuffix(" [not checked: not logged in]") for a in registry.actions]
         for line in offline.lines():
             out(line)
         out("Not logged in: nothing was read or changed. To see what exists and what would change, run "

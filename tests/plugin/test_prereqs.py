@@ -309,3 +309,11 @@ def test_configurable_dual_region_is_judged_by_its_data_locations() -> None:
     assert bucket_setup.location_holds_region(bucket.location, "us-east4", bucket.data_locations)
     assert not bucket_setup.location_holds_region(bucket.location, "us-central1", bucket.data_locations)
     assert bucket_setup.location_holds_region("US", "us-central1")  # the multi-region itself
+
+
+def test_offline_plan_includes_the_image_prerequisites(gcloud_home, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    _no_credentials(tmp_path, monkeypatch)
+    assert cli.main(["prereqs", "--dry-run", "--image", *BASE]) == 0
+    unchecked = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ? ")]
+    assert len(unchecked) == 12 and any("Artifact Registry Docker repository" in line for line in unchecked)

@@ -48,8 +48,14 @@ def test_plugin_installs_and_runs_through_helm(major: str, tmp_path: Path, gclou
 
     helped = run(helm, env, "gemma3-ray", "--help")
     assert helped.returncode == 0, helped.stderr
-    for command in ("values", "prereqs", "doctor", "up", "status", "logs", "down"):
+    for command in ("values", "prereqs", "doctor", "up", "status", "logs", "down", "cluster", "image"):
         assert command in helped.stdout
+
+    # the cluster plan through Helm, offline (no Google credentials in this environment)
+    env_offline = {**env, "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "no-credentials.json")}
+    planned = run(helm, env_offline, "gemma3-ray", "cluster", "create")
+    assert planned.returncode == 0, planned.stderr
+    assert "+ create Autopilot cluster gemma3-ray in us-central1 (project acme-ml-1)" in planned.stdout
 
     # Helm's own -n reaches the plugin as HELM_NAMESPACE
     out = run(helm, env, "-n", "team-ml", "gemma3-ray", "values", "--machine-type", "a4-highgpu-8g")

@@ -131,14 +131,21 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     if not dep.cluster:
         raise MissingSetting("No cluster: switch to the GKE kube context or pass --cluster.")
     chart = release.chart_path(args.chart)
+    # The final values, rendered by the chart (its schema and templates, `helm template`) before
+    # anything changes in Google Cloud, the cluster or the values file.
+    path = Path(args.values_file or f"{dep.release}-values.yaml")
+    text = render.render(dep, render.load(path))
+    values = [render.parse_plain(text, path)] + [_load_values(f) for f in args.extra_values or []]
+    helm = release.client(args.kubeconfig, args.kube_context)
+    objects = release.template(helm, dep.release, chart, values, dep.namespace)
+    _out(f"Chart {chart.name} renders with these values ({len(objects)} objects; schema and templates checked).")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    _out(f"Values: {path}")
     rc = run_prereqs(dep, clients, dry_run=False, hf_token=hf_token)
     if rc:
         return rc
-    path = Path(args.values_file or f"{dep.release}-values.yaml")
-    path.write_text(render.render(dep, render.load(path)), encoding="utf-8")
-    _out(f"Values: {path}")
-    values = [render.load_plain(path)] + [_load_values(f) for f in args.extra_values or []]
-    helm = release.client(args.kubeconfig, args.kube_context)
     rev = release.upgrade_install(helm, dep.release, chart, values, dep.namespace)
     _out(f"Release {dep.release}: revision {getattr(rev, 'revision', '?')} in namespace {dep.namespace}.")
     if args.no_follow:
@@ -164,24 +171,11 @@ def follow(args: argparse.Namespace, dep: Deployment) -> int:
 
 
 def cmd_status(args: argparse.Namespace, clients: Clients | None) -> int:
-    from gemma3_ray import cluster
+    from gemma3_ray import status
 
     dep, clients = _deployment(args, clients)
-    k8s = cluster.load_config(args.kubeconfig, args.kube_context)
-    state = cluster.rayjob_state(cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release))
-    _out(f"RayJob {dep.namespace}/{state.name}: deployment {state.deployment_status}, job {state.job_status}"
-         + (f" ({state.message})" if state.message else ""))
-    dash = cluster.dashboard_job(k8s.CoreV1Api(), dep.namespace, state.ray_cluster, state.job_id)
-    if dash:
-        _out(f"Ray dashboard: job {state.job_id} {dash.get('status', '?')} {dash.get('message') or ''}".rstrip())
-    else:
-        _out("Ray dashboard: not reachable (the cluster is not up, or it was deleted after the job)")
-    ckpt = cluster.newest_checkpoint(clients.get_storage(), dep.bucket, dep.prefix)
-    _out(f"Newest checkpoint: {ckpt.path} ({ckpt.updated})" if ckpt else
-         f"Newest checkpoint: none yet under gs://{dep.bucket}/{dep.prefix}/")
-    from gemma3_ray import run_reports
-
-    _out(run_reports.status_line(clients.get_storage(), dep.bucket, dep.prefix))
+    for line in status.lines(args, dep, clients):
+        _out(line)
     return 0
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from gemma3_ray.errors import ClusterError, NotFound
+from gemma3_ray.errors import EXIT_USAGE, ClusterError, NotFound, UserError
 
 # The chart beside the plugin in this repository (plugin/ and charts/ are siblings).
 DEFAULT_CHART = Path(__file__).resolve().parents[2] / "charts" / "gemma3-ray"
@@ -52,11 +53,29 @@ def upgrade_install(helm: Any, release: str, chart: Path, values: list[dict[str,
 
 
 def template(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> list[Any]:
-    """What `up` would install, rendered by helm without a cluster."""
+    """What `up` would install, rendered by helm without a cluster (the chart's schema and templates)."""
     try:
         return asyncio.run(_template(helm, release, chart, values, namespace))
     except Exception as exc:
-        raise ClusterError(f"helm template {release} failed: {_first_line(exc)}.") from exc
+        raise InvalidValues(f"The chart rejects these values ({chart_complaint(exc)}): fix that value (in the values "
+                            "file or a -f file) and run again; nothing was changed.") from exc
+
+
+class InvalidValues(UserError):
+    """The chart's schema or templates refuse the values (found before any change)."""
+
+    exit_code = EXIT_USAGE
+
+
+def chart_complaint(exc: Exception) -> str:
+    """Helm's reason, in one line: the schema's complaints, or a template's `fail` message."""
+    text = getattr(exc, "stderr", b"") or b""
+    text = (text.decode(errors="replace") if isinstance(text, bytes) else str(text)) or str(exc)
+    schema = [ln.strip()[2:] for ln in text.splitlines() if ln.strip().startswith("- ")]
+    if schema:
+        return "; ".join(schema)
+    m = re.search(r"execution error at \([^)]*\): (.*)", text)
+    return (m.group(1) if m else _first_line(exc)).strip().rstrip(".")
 
 
 def exists(helm: Any, release: str, namespace: str) -> bool:

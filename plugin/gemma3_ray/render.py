@@ -288,9 +288,15 @@ def load(path: Path) -> CommentedMap:
 def load_plain(path: Path) -> dict[str, Any]:
     """A values file as plain dicts and lists (what helm, pyhelm3 and the schema checks take)."""
     try:
-        doc = YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise ConfigError(f"No values file {path}: check the path.") from exc
+    return parse_plain(text, path)
+
+
+def parse_plain(text: str, path: Path) -> dict[str, Any]:
+    try:
+        doc = YAML(typ="safe", pure=True).load(text)
     except Exception as exc:
         raise ConfigError(f"Cannot parse {path} as YAML: {exc}; fix it.") from exc
     if not isinstance(doc, dict | type(None)):

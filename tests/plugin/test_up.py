@@ -1,0 +1,74 @@
+"""`up`: the chart renders the final values (its schema and templates, `helm template`) before any
+Google Cloud change and before the values file is written (issue #12 (5)); then prereqs, then
+`helm upgrade --install` on a real API server (../shared/kube-apiserver)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from gemma3_ray import cli, names
+
+from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder, storage_client
+from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
+from tests.plugin.kube_apiserver import kubectl
+from tests.plugin.test_prereqs import _clients
+
+HELMS = {"helm4": os.environ.get("HELM", str(ROOT / ".tools/bin/helm")),
+         "helm3": os.environ.get("HELM3", str(ROOT / ".tools/bin/helm3"))}
+BASE = ["--project", PROJECT, "--region", REGION, "--cluster", "trainers", "--no-follow"]
+
+
+@pytest.mark.parametrize("major", list(HELMS))
+def test_up_refuses_values_the_chart_rejects_before_changing_anything(
+    major: str, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HELM", HELMS[major])
+    monkeypatch.delenv("HELM_BIN", raising=False)
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("workers:\n  gpusPerNode: 3\n")
+    values_file = tmp_path / "v.yaml"
+    values_file.write_text("# mine\ntraining:\n  learning_rate: 0.0002\n")
+    rec = Recorder()
+    rc = cli.main(["up", *BASE, "--kubeconfig", str(tmp_path / "none"), "--values-file", str(values_file),
+                   "-f", str(extra)], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert err.startswith("gemma3-ray: error: The chart rejects these values (") and "\n" not in err
+    assert "gpusPerNode" in err and "nothing was changed" in err
+    assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert list(storage_client(gcs_iam_emulator).list_buckets()) == []
+    assert values_file.read_text() == "# mine\ntraining:\n  learning_rate: 0.0002\n"
+
+
+def test_up_installs_the_release_with_its_own_identity(
+    kube_apiserver: Path, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    ns = "up-team"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    monkeypatch.setenv("HELM", HELMS["helm4"])
+    monkeypatch.delenv("HELM_BIN", raising=False)
+    for var in ("HELM_DATA_HOME", "HELM_CONFIG_HOME", "HELM_CACHE_HOME"):
+        monkeypatch.setenv(var, str(tmp_path / "helm"))
+    values_file = tmp_path / "v.yaml"
+    rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
+                   "--values-file", str(values_file)], _clients(gcs_iam_emulator, fake_iam, fake_usage))
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    order = [line.split(" ")[0] for line in captured.out.splitlines() if line.split(" ")[0] in
+             {"Chart", "Values:", "Prerequisites", "Release"}]
+    assert order == ["Chart", "Values:", "Prerequisites", "Release"], captured.out
+    gsa = f"{names.release_gsa_id(ns, 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
+    assert gsa in fake_iam.accounts
+    assert yaml.safe_load(values_file.read_text())["serviceAccount"]["gcpServiceAccount"] == gsa
+    sa = json.loads(kubectl(kube_apiserver, "-n", ns, "get", "serviceaccount", "gemma3-ray", "-o", "json"))
+    assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == gsa
+    listed = subprocess.run([HELMS["helm4"], "list", "-q", "-n", ns, "--kubeconfig", str(kube_apiserver)],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.stdout.split() == ["gemma3-ray"]

@@ -94,10 +94,9 @@ def node_pull_identities(dep: Deployment, clients: Clients) -> tuple[list[str], 
     cluster = gke_cluster.get(clients.get_container(), spec) if dep.cluster else None
     if cluster is None:
         return [compute_default_sa(number)], "the Compute Engine default service account (what `cluster create` nodes use)"
-    if cluster.autopilot.enabled:
-        found = [cluster.autoscaling.autoprovisioning_node_pool_defaults.service_account]
-    else:
-        found = [p.config.service_account for p in cluster.node_pools]
+    found = [p.config.service_account for p in cluster.node_pools]
+    if cluster.autopilot.enabled or not found:  # Autopilot: its auto-provisioning default (create-auto --service-account)
+        found.append(cluster.autoscaling.autoprovisioning_node_pool_defaults.service_account)
     emails = sorted({compute_default_sa(number) if sa in ("", "default") else sa for sa in found})
     return emails, f"the nodes of cluster {spec.name}"
 

@@ -13,6 +13,7 @@ polled until DONE, with its progress printed, and an error inside a finished ope
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from google.cloud import container_v1 as gke
 
 from gemma3_ray import names
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import ClusterError, MissingSetting, UserError, translate
+from gemma3_ray.errors import ClusterError, InvalidName, MissingSetting, UserError, translate
 from gemma3_ray.prereqs import Action, Plan
 
 DEFAULT_CLUSTER = names.PRODUCT
@@ -43,6 +44,7 @@ PERMISSIONS = {
                "container.operations.get"),
     "delete": ("container.clusters.get", "container.clusters.delete", "container.operations.get"),
 }
+_SA_EMAIL = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}@[a-z0-9][a-z0-9.:-]*\.gserviceaccount\.com$")
 _BAD_STATES = {gke.Cluster.Status.ERROR, gke.Cluster.Status.STOPPING, gke.Cluster.Status.DEGRADED}
 
 
@@ -59,6 +61,7 @@ class ClusterSpec:
     zone: str | None = None
     reservation: str | None = None
     cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE
+    node_service_account: str | None = None  # None: GKE's default (the Compute Engine default account)
 
     @property
     def parent(self) -> str:
@@ -80,7 +83,8 @@ class ClusterSpec:
         return f"gcloud container clusters get-credentials {self.name} --location {self.region} --project {self.project}"
 
 
-def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE) -> ClusterSpec:
+def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE,
+              node_service_account: str | None = None) -> ClusterSpec:
     """The cluster of a deployment; a Standard one needs the GPU machine shape and the zone of its pool."""
     name = dep.cluster or DEFAULT_CLUSTER
     shape = dep.shape
@@ -92,11 +96,14 @@ def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAUL
             raise MissingSetting("A Standard cluster's GPU node pool needs its zone (the reservation's, or where the "
                                  "GPUs are): pass --zone.")
         names.dns_label("machine type", cpu_machine_type, "--cpu-machine-type")
+    if node_service_account and not _SA_EMAIL.match(node_service_account):
+        raise InvalidName("Invalid --node-service-account: it must be a service account's email "
+                          "(NAME@PROJECT.iam.gserviceaccount.com); pass one, or leave it out for GKE's default.")
     return ClusterSpec(
         project=dep.project, region=dep.region, name=name, standard=standard,
         machine_type=shape.machine_type if shape else None, accelerator=shape.accelerator if shape else None,
         gpus_per_node=shape.gpus_per_node if shape else 0, gpu_nodes=dep.replicas, zone=dep.zone,
-        reservation=dep.reservation, cpu_machine_type=cpu_machine_type,
+        reservation=dep.reservation, cpu_machine_type=cpu_machine_type, node_service_account=node_service_account,
     )
 
 
@@ -117,7 +124,7 @@ def gpu_node_pool(spec: ClusterSpec) -> gke.NodePool:
             gpu_driver_version=gke.GPUDriverInstallationConfig.GPUDriverVersion.LATEST),
     )
     config = gke.NodeConfig(
-        machine_type=spec.machine_type, accelerators=[accelerator],
+        machine_type=spec.machine_type, accelerators=[accelerator], service_account=spec.node_service_account or "",
         workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA),
     )
     if spec.reservation:
@@ -139,11 +146,14 @@ def desired_cluster(spec: ClusterSpec) -> gke.Cluster:
     )
     if not spec.standard:
         cluster.autopilot = gke.Autopilot(enabled=True)
+        if spec.node_service_account:  # what `create-auto --service-account` sets
+            cluster.autoscaling = gke.ClusterAutoscaling(autoprovisioning_node_pool_defaults=gke.AutoprovisioningNodePoolDefaults(
+                service_account=spec.node_service_account))
         return cluster
     # Ray cluster monitoring scrapes with Google Cloud Managed Service for Prometheus (on in Autopilot).
     cluster.monitoring_config = gke.MonitoringConfig(managed_prometheus_config=gke.ManagedPrometheusConfig(enabled=True))
     cpu = gke.NodePool(name=CPU_POOL, initial_node_count=1, config=gke.NodeConfig(
-        machine_type=spec.cpu_machine_type,
+        machine_type=spec.cpu_machine_type, service_account=spec.node_service_account or "",
         workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA)))
     cluster.node_pools = [cpu, gpu_node_pool(spec)]
     return cluster
@@ -152,7 +162,8 @@ def desired_cluster(spec: ClusterSpec) -> gke.Cluster:
 def describe(spec: ClusterSpec) -> str:
     text = (f"{spec.kind} cluster {spec.name} in {spec.region} (project {spec.project}): Ray operator add-on with "
             f"Ray cluster logging and monitoring, Workload Identity pool {spec.workload_pool}, "
-            f"release channel {RELEASE_CHANNEL.name}")
+            f"release channel {RELEASE_CHANNEL.name}, nodes as "
+            f"{spec.node_service_account or 'the Compute Engine default service account'}")
     if spec.standard:
         text += f"; node pool {CPU_POOL} (1 × {spec.cpu_machine_type}, the Ray head); " + describe_gpu_pool(spec)
     elif spec.reservation:

@@ -45,7 +45,8 @@ def _container(clients: Clients, apply: bool) -> object | None:
 
 def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
     dep, clients = _deployment(args, clients)
-    spec = gke_cluster.spec_from(dep, standard=args.standard, cpu_machine_type=args.cpu_machine_type)
+    spec = gke_cluster.spec_from(dep, standard=args.standard, cpu_machine_type=args.cpu_machine_type,
+                                 node_service_account=args.node_service_account)
     out(f"GKE cluster for project {spec.project}, region {spec.region}:")
     container = _container(clients, args.apply)
     if container is None:
@@ -175,6 +176,9 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     c.add_argument("--cpu-machine-type", default=gke_cluster.DEFAULT_CPU_MACHINE_TYPE,
                    help=f"machine type of the Standard cluster's CPU pool for the Ray head (default: "
                         f"{gke_cluster.DEFAULT_CPU_MACHINE_TYPE})")
+    c.add_argument("--node-service-account", metavar="EMAIL",
+                   help="the service account the nodes run as (default: GKE's, the Compute Engine default one); "
+                        "it needs roles/container.defaultNodeServiceAccount")
     c.set_defaults(handler=cmd_create)
 
     d = verbs.add_parser("delete", allow_abbrev=False, help="delete the cluster (asks first; --yes to skip)")

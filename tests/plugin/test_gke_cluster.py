@@ -258,3 +258,19 @@ def test_an_empty_project_gets_the_container_api_first(gcloud: GcloudHome, capsy
     assert cli.main(["cluster", "create", "--apply", *BASE], _clients(fake, rm)) == 0
     assert usage.enabled == {"container.googleapis.com"}
     assert fake.clusters[PATH].status == gke.Cluster.Status.RUNNING
+
+
+def test_the_nodes_run_as_a_given_service_account(gcloud: GcloudHome, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = f"gke-nodes@{PROJECT}.iam.gserviceaccount.com"
+    fake = FakeContainer(PROJECT)
+    assert cli.main(["cluster", "create", "--apply", "--node-service-account", nodes, *BASE], _clients(fake)) == 0
+    assert f"nodes as {nodes}" in capsys.readouterr().out
+    assert fake.clusters[PATH].autoscaling.autoprovisioning_node_pool_defaults.service_account == nodes
+    fake.clusters.clear()
+    args = ["cluster", "create", "--apply", "--standard", "--machine-type", "g2-standard-8", "--node-service-account"]
+    assert cli.main([*args, nodes, *BASE], _clients(fake)) == 0
+    assert {p.config.service_account for p in fake.clusters[PATH].node_pools} == {nodes}
+    capsys.readouterr()
+    assert cli.main([*args, "not-an-email", *BASE], _clients(FakeContainer(PROJECT))) == 2
+    err = capsys.readouterr().err
+    assert "Invalid --node-service-account" in err and "not-an-email" not in err

@@ -286,3 +286,15 @@ def test_the_image_prerequisites_plan_offline(monkeypatch: pytest.MonkeyPatch, t
     assert len(plan.actions) == 6 and all(a.text.endswith("[not checked: not logged in]") for a in plan.actions)
     with pytest.raises(image_build.UserError, match="Not logged in"):
         plan.actions[0].run()
+
+
+def test_an_autopilot_cluster_pulls_as_its_auto_provisioning_account(cloud: Cloud,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from gemma3_ray import gke_cluster
+
+    spec = gke_cluster.ClusterSpec(PROJECT, REGION, "auto", node_service_account=NODES.replace("nodes@", "auto-nodes@"))
+    cloud.container.ready(REGION, gke_cluster.desired_cluster(spec))
+    args = ["prereqs", "--dry-run", "--image", "--project", PROJECT, "--region", REGION, "--cluster", "auto",
+            "--no-kube-context"]
+    assert cli.main(args, cloud.clients()) == 0
+    assert f"roles/artifactregistry.reader on {HOST} for serviceAccount:auto-{NODES}" in capsys.readouterr().out

@@ -79,6 +79,9 @@ demo: tools venv  ## the chart's own RayJob, end to end, on a local Ray cluster 
 prereqs: setup  ## plan the GCP prerequisites (dry run); APPLY=1 creates them
 	$(VENV)/bin/gemma3-ray prereqs $(if $(APPLY),,--dry-run) $(ARGS)
 
+helm-plugin: tools  ## install the Helm plugin as `helm gemma3-ray` (Helm 3 and 4, honours HELM_PLUGINS)
+	scripts/install-helm-plugin.sh
+
 bench: setup  ## GPU benchmark (run on the GPU machine; see bench/README.md)
 	$(PY) bench/bench.py $(ARGS)
 

@@ -88,3 +88,31 @@ def test_launcher_finds_python_or_says_how(tmp_path: Path, gcloud_home: GcloudHo
         assert missing.returncode == 0
     else:
         assert missing.returncode != 0 and "GEMMA3_RAY_PYTHON" in missing.stderr
+
+
+@pytest.mark.parametrize("major", list(HELMS))
+def test_plugin_installs_as_gemma3_ray_wherever_helm_plugins_points(major: str, tmp_path: Path,
+                                                                   gcloud_home: GcloudHome) -> None:
+    """Issue #12 (8): with HELM_PLUGINS set away from $HELM_DATA_HOME/plugins, Helm 4's `plugin install
+    ./plugin` links the folder as `plugin` into $HELM_DATA_HOME/plugins (LocalInstaller.Path in helm's
+    internal/plugin/installer/local_installer.go), says "Installed", and `helm gemma3-ray` is unknown.
+    scripts/install-helm-plugin.sh links it as `gemma3-ray` where Helm loads plugins, for both majors."""
+    helm = HELMS[major]
+    env = helm_env(tmp_path / "helm-home", gcloud_home)
+    env["HELM_PLUGINS"] = str(tmp_path / "team-plugins")
+    plain = run(helm, env, "plugin", "install", str(PLUGIN))
+    assert plain.returncode == 0, plain.stderr
+    if major == "helm4":
+        assert (tmp_path / "helm-home" / "data" / "plugins" / "plugin").is_symlink()
+        assert run(helm, env, "gemma3-ray", "--version").returncode != 0  # the defect the script fixes
+    script = subprocess.run([str(ROOT / "scripts" / "install-helm-plugin.sh")], env={**env, "HELM": helm},
+                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert script.returncode == 0, script.stderr
+    assert (tmp_path / "team-plugins" / "gemma3-ray").resolve() == PLUGIN.resolve()
+    listed = run(helm, env, "plugin", "list")
+    assert [ln.split()[0] for ln in listed.stdout.splitlines()[1:]] == ["gemma3-ray"], listed.stdout
+    ok = run(helm, env, "gemma3-ray", "--version")
+    assert ok.returncode == 0 and "gemma3-ray 0.1.0" in ok.stdout, ok.stderr
+    again = subprocess.run([str(ROOT / "scripts" / "install-helm-plugin.sh")], env={**env, "HELM": helm},
+                           capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert again.returncode == 0, again.stderr  # idempotent

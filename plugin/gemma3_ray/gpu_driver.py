@@ -74,8 +74,9 @@ def _fetch(url: str) -> str:
 
 def cos_build_for(gke_version: str, gke_to_cos: str) -> str | None:
     """``cos-121-18867-199-28`` -> ``18867.199.28`` for the GKE version (gke-to-cos.json)."""
+    version = gke_version.removeprefix("v")
     for entry in json.loads(gke_to_cos).get("entries", []):
-        if entry.get("gke_version") and entry["gke_version"] in gke_version:
+        if entry.get("gke_version") == version:
             return ".".join(str(entry.get("image", "")).rsplit("-", 3)[-3:])
     return None
 

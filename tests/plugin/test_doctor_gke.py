@@ -50,6 +50,9 @@ def test_resolve_follows_gke_to_cos_then_the_cos_driver_list() -> None:
     assert (new.version, new.major) == ("580.82.07", 580) and "COS 18867.199.28" in new.how
     assert gpu_driver.resolve(NEW_GKE, "nvidia-h100-80gb", "default").version == "570.172.08"
     assert gpu_driver.resolve("1.99.0-gke.1", "nvidia-l4", "LATEST").version is None
+    assert gpu_driver.resolve(f"v{NEW_GKE}", "nvidia-l4", "LATEST").version == "580.82.07"
+    maps = '{"entries": [{"gke_version": "1.33.5-gke.108000", "image": "cos-121-1-2-3"}]}'
+    assert gpu_driver.cos_build_for(NEW_GKE, maps) is None  # exact versions, not a prefix of a longer one
     assert gpu_driver.resolve(NEW_GKE, "nvidia-tesla-t4", "LATEST").version is None
 
 

@@ -112,7 +112,8 @@ def resolve(
 ) -> Deployment:
     project = flags.project or (gke.project if gke else None) or (gcloud.project if gcloud else None)
     if not project:
-        raise MissingSetting("No Google Cloud project: pass --project or run `gcloud config set project PROJECT_ID`.")
+        raise MissingSetting("No Google Cloud project: pass --project (`make prereqs ARGS=\"--project P --region R\"`) "
+                             "or run `gcloud config set project PROJECT_ID`.")
     names.project_id(project)
 
     zone = flags.zone
@@ -127,7 +128,8 @@ def resolve(
     if not region and zone:
         region = names.region_of_location(zone)
     if not region:
-        raise MissingSetting("No region: pass --region or run `gcloud config set compute/region REGION`.")
+        raise MissingSetting("No region: pass --region (e.g. --region us-central1) or run "
+                             "`gcloud config set compute/region REGION`.")
     names.region(region)
     if zone and names.region_of_location(zone) != region:
         raise names.InvalidName(f"Zone {zone} is not in region {region}: pass a --zone inside {region}.")

@@ -136,6 +136,30 @@ def check_bucket(dep: Deployment, clients: Clients) -> Check:
     return _guard("bucket", run)
 
 
+def check_bucket_grants(dep: Deployment, clients: Clients) -> Check:
+    """The release's own grants on the bucket (its prefix; `prereqs` makes them)."""
+    name = "bucket grants"
+
+    def run() -> Check:
+        from gemma3_ray import grants, iam_policy
+
+        if bucket_setup.read(dep, clients) is None:
+            return Check(name, False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
+        access = iam_policy.bucket_policy(clients.get_storage().bucket(dep.bucket))
+        try:
+            policy = access.read()
+        except Exception as exc:
+            raise translate(exc, "read the IAM policy of", f"gs://{dep.bucket}") from exc
+        wanted = grants.for_release(dep.bucket, dep.prefix, dep.namespace, dep.release, dep.gsa_member)
+        missing = [g.role for g in wanted if not grants.has(policy, g)]
+        if missing:
+            return Check(name, False, f"{dep.gsa_email} lacks {', '.join(missing)} on gs://{dep.bucket}/{dep.prefix}/: "
+                         f"run `gemma3-ray prereqs -n {dep.namespace} --release {dep.release}`")
+        return Check(name, True, f"{dep.gsa_email} may use gs://{dep.bucket}/{dep.prefix}/ only")
+
+    return _guard(name, run)
+
+
 def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> list[Check]:
     out = []
 
@@ -190,5 +214,6 @@ def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, 
         *check_crds(kube, values),
         check_hf_secret(dep, kube),
         check_bucket(dep, clients),
+        check_bucket_grants(dep, clients),
         *check_workload_identity(dep, clients, kube),
     ]

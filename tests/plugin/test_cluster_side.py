@@ -94,6 +94,7 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     assert "install the KubeRay operator" in failing["rayjobs.ray.io"].detail
     assert "--hf-token-file -" in failing["Hugging Face Secret"].detail
     assert "run `gemma3-ray prereqs`" in failing["bucket"].detail
+    assert "run `gemma3-ray prereqs`" in failing["bucket grants"].detail
     assert "run `gemma3-ray prereqs -n ml" in failing["Workload Identity binding"].detail
     assert "the chart creates it" in failing["KSA annotation"].detail
 

@@ -56,7 +56,9 @@ def test_up_installs_the_release_with_its_own_identity(
     monkeypatch.delenv("HELM_BIN", raising=False)
     for var in ("HELM_DATA_HOME", "HELM_CONFIG_HOME", "HELM_CACHE_HOME"):
         monkeypatch.setenv(var, str(tmp_path / "helm"))
-    values_file = tmp_path / "v.yaml"
+    values_file = tmp_path / "v.yaml"  # from an earlier `up` for an L4 on a reservation, plus a key of ours
+    values_file.write_text("training:\n  recipe: tutorial\n  learning_rate: 0.0002\n"
+                           "capacity:\n  type: reservation\n  reservation: l4-res\n")
     rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
                    "--values-file", str(values_file)], _clients(gcs_iam_emulator, fake_iam, fake_usage))
     captured = capsys.readouterr()
@@ -66,7 +68,10 @@ def test_up_installs_the_release_with_its_own_identity(
     assert order == ["Chart", "Values:", "Prerequisites", "Release"], captured.out
     gsa = f"{names.release_gsa_id(ns, 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
     assert gsa in fake_iam.accounts
-    assert yaml.safe_load(values_file.read_text())["serviceAccount"]["gcpServiceAccount"] == gsa
+    written = yaml.safe_load(values_file.read_text())
+    assert written["serviceAccount"]["gcpServiceAccount"] == gsa
+    assert "capacity" not in written  # issue #12 (1): up's values file drops the keys this run does not write
+    assert "recipe" not in written["training"] and written["training"]["learning_rate"] == 0.0002
     sa = json.loads(kubectl(kube_apiserver, "-n", ns, "get", "serviceaccount", "gemma3-ray", "-o", "json"))
     assert sa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"] == gsa
     listed = subprocess.run([HELMS["helm4"], "list", "-q", "-n", ns, "--kubeconfig", str(kube_apiserver)],

@@ -20,7 +20,7 @@ CHART_DRIVER_DEFAULT = "latest"  # the chart's workers.gpuDriverVersion default
 
 
 @dataclass(frozen=True)
-class Warning_(Check):
+class Warn(Check):
     """Passes (does not fail doctor) but is shown as a warning."""
 
     def line(self) -> str:
@@ -34,17 +34,17 @@ def _driver_check(name: str, gke_version: str, accelerator: str, label: str,
         return Check(name, True, "no torch pin with a known CUDA build to check the driver against")
     label = label.upper()
     if label in {"", "GPU_DRIVER_VERSION_UNSPECIFIED", "INSTALLATION_DISABLED"}:
-        return Warning_(name, True, f"GKE does not install the driver here ({label or 'unset'}): the one you install must "
+        return Warn(name, True, f"GKE does not install the driver here ({label or 'unset'}): the one you install must "
                         f"be >= {need.min_driver} ({need.text()}); or recreate the pool with gpu-driver-version=latest")
     resolved = gpu_driver.resolve(gke_version, accelerator, label, fetch)
     if resolved.major is None:
-        return Warning_(name, True, f"could not tell which driver {label} gives ({resolved.how}); {need.text()}: check "
+        return Warn(name, True, f"could not tell which driver {label} gives ({resolved.how}); {need.text()}: check "
                         "`nvidia-smi` on a node, and prefer LATEST")
     if resolved.major >= need.min_driver:
         return Check(name, True, f"driver {resolved.version} ({resolved.how}) satisfies {need.text()}")
     fix = "use LATEST (workers.gpuDriverVersion: latest, or the pool's gpu-driver-version=latest)" if label != "LATEST" \
         else "upgrade the cluster to a GKE version whose LATEST driver is new enough"
-    return Warning_(name, True, f"driver {resolved.version} ({resolved.how}) is below what {need.text()}: {fix}")
+    return Warn(name, True, f"driver {resolved.version} ({resolved.how}) is below what {need.text()}: {fix}")
 
 
 def driver_checks(cluster: gke.Cluster, values: dict[str, Any] | None,
@@ -119,7 +119,7 @@ def image_checks(dep: Deployment, clients: Clients, values: dict[str, Any] | Non
         except UserError:
             current = tag  # no Dockerfile beside the plugin: nothing to compare
         if current != tag:
-            out.append(Warning_("training image sources", True, f"the values use {tag}, the Dockerfile and pins here "
+            out.append(Warn("training image sources", True, f"the values use {tag}, the Dockerfile and pins here "
                                 f"build {current}: run `gemma3-ray image build --apply` and `gemma3-ray values --image`"))
         pullers, _ = artifact_registry.node_pull_identities(dep, clients)
         registry = clients.get_artifact_registry()

@@ -45,6 +45,7 @@ PERMISSIONS = {
     "delete": ("container.clusters.get", "container.clusters.delete", "container.operations.get"),
 }
 _SA_EMAIL = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}@[a-z0-9][a-z0-9.:-]*\.gserviceaccount\.com$")
+_BUSY_STATES = {gke.Cluster.Status.PROVISIONING, gke.Cluster.Status.RECONCILING}
 _BAD_STATES = {gke.Cluster.Status.ERROR, gke.Cluster.Status.STOPPING, gke.Cluster.Status.DEGRADED}
 
 
@@ -245,6 +246,29 @@ def wait(container: Any, spec: ClusterSpec, op: gke.Operation, what: str, out: C
     return op
 
 
+def wait_ready(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> gke.Cluster:
+    """Poll the cluster until it is RUNNING (an operation someone else started), with progress."""
+    start = time.monotonic()
+    last = None
+    while True:
+        cluster = get(container, spec)
+        if cluster is None:
+            raise ClusterError(f"Cluster {spec.name} disappeared while waiting for it (deleted meanwhile?): run this again.")
+        state = gke.Cluster.Status(cluster.status)
+        if state != last:
+            out(f"      cluster {spec.name}: {state.name} [{time.monotonic() - start:.0f} s]")
+            last = state
+        if state == gke.Cluster.Status.RUNNING:
+            return cluster
+        if state in _BAD_STATES:
+            raise ClusterError(f"Cluster {spec.name} is {state.name}: {cluster.status_message or 'see the console'}; "
+                               "fix or delete it (`gemma3-ray cluster delete`).")
+        if time.monotonic() - start > OPERATION_TIMEOUT_S:
+            raise ClusterError(f"Cluster {spec.name} is still {state.name} after {OPERATION_TIMEOUT_S:.0f} s: follow it "
+                               "with `gemma3-ray cluster status`.")
+        time.sleep(POLL_INTERVAL_S)
+
+
 # -- the plan ------------------------------------------------------------------------------------------
 
 def plan_create(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> Plan:
@@ -260,6 +284,9 @@ def plan_create(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -
                            "fix or delete it (`gemma3-ray cluster delete`) before creating it again.")
     kind = "Autopilot" if cluster.autopilot.enabled else "Standard"
     plan.in_place.append(f"{kind} cluster {spec.name} in {cluster.location} ({state.name}, GKE {cluster.current_master_version})")
+    if state in _BUSY_STATES:  # another run's (or an interrupted) operation: let it finish before changing anything
+        plan.actions.append(Action(f"wait for the operation running on {spec.name} to finish ({state.name})",
+                                   lambda: wait_ready(container, spec, out)))
     missing = gaps(cluster, spec)
     if not cluster.autopilot.enabled and "Ray cluster monitoring" in missing \
             and not cluster.monitoring_config.managed_prometheus_config.enabled:

@@ -2,7 +2,8 @@
 real APIs' semantics where the plugin depends on them:
 
 - long-running operations: create/update/delete return an ``Operation`` (short ``name``, PENDING);
-  each ``get_operation`` moves it on (PENDING -> RUNNING -> DONE, ``polls_per_state`` polls each);
+  each ``get_operation`` (or ``get_cluster`` of its cluster: time passes while one polls) moves it on
+  (PENDING -> RUNNING -> DONE, ``polls_per_state`` polls each);
   only when DONE does the change take effect, and a failed operation is DONE with ``error`` set (a
   ``google.rpc.Status``) while the cluster goes to ERROR;
 - one operation at a time per cluster: a second mutation meanwhile is FAILED_PRECONDITION (400);
@@ -107,7 +108,11 @@ class FakeContainer:
         name = _req(request, gke.GetClusterRequest)["name"]
         self.calls.append(("get_cluster", name))
         self._check("container.clusters.get", name)
-        return gke.Cluster(self._cluster(name))
+        cluster = gke.Cluster(self._cluster(name))
+        for o in list(self.operations.values()):  # a cluster read is a poll too: its operations move on
+            if o.cluster == name:
+                self._advance(o)
+        return cluster
 
     def create_cluster(self, request: Any = None) -> gke.Operation:
         r = _req(request, gke.CreateClusterRequest)
@@ -204,6 +209,11 @@ class FakeContainer:
             o = self.operations[name]
         except KeyError:
             raise gexc.NotFound(f"Not found: {name}.") from None
+        self._advance(o)
+        return gke.Operation(o.op)
+
+    def _advance(self, o: _Op) -> None:
+        """Time passes while someone polls: the operation moves one poll towards DONE."""
         if o.op.status != S.DONE:
             o.polls += 1
             if o.polls >= self.polls_per_state:
@@ -211,7 +221,6 @@ class FakeContainer:
                 o.op.status = S.RUNNING if o.op.status == S.PENDING else S.DONE
                 if o.op.status == S.DONE:
                     self._finish(o)
-        return gke.Operation(o.op)
 
     def _finish(self, o: _Op) -> None:
         if o.error is None:

@@ -178,6 +178,23 @@ def test_a_concurrent_create_409_is_accepted(gcloud: GcloudHome) -> None:
         action.run()
     assert any("created meanwhile" in line for line in lines)
     assert [c[0] for c in fake.mutations()] == ["create_cluster", "create_cluster"]
+    # it waited for the other run's cluster instead of calling a PROVISIONING cluster ready
+    assert [line.split(": ")[1].split(" ")[0] for line in lines if "cluster gemma3-ray:" in line] == [
+        "PROVISIONING", "RUNNING"]
+    assert fake.clusters[spec.path].status == gke.Cluster.Status.RUNNING
+
+
+def test_a_cluster_still_provisioning_is_waited_for_not_called_ready(gcloud: GcloudHome,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeContainer(PROJECT, polls_per_state=3)
+    spec = gke_cluster.ClusterSpec(PROJECT, REGION, "gemma3-ray")
+    fake.create_cluster(request={"parent": spec.parent, "cluster": gke_cluster.desired_cluster(spec)})  # interrupted
+    assert cli.main(["cluster", "create", *BASE], _clients(fake)) == 0
+    out = capsys.readouterr().out
+    assert "+ wait for the operation running on gemma3-ray to finish (PROVISIONING)" in out and "Nothing to do" not in out
+    assert cli.main(["cluster", "create", "--apply", *BASE], _clients(fake)) == 0
+    assert "cluster gemma3-ray: RUNNING" in capsys.readouterr().out
+    assert fake.clusters[spec.path].status == gke.Cluster.Status.RUNNING
 
 
 def test_an_update_while_another_operation_runs_is_one_sentence(gcloud: GcloudHome) -> None:

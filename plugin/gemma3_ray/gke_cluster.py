@@ -345,6 +345,17 @@ def _add_pool(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> 
     wait(container, spec, op, f"create node pool {GPU_POOL}", out)
 
 
+def wait_gone(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
+    """Poll a cluster someone else is deleting (STOPPING) until it is gone."""
+    start = time.monotonic()
+    while get(container, spec) is not None:
+        if time.monotonic() - start > OPERATION_TIMEOUT_S:
+            raise ClusterError(f"Cluster {spec.name} is still being deleted after {OPERATION_TIMEOUT_S:.0f} s: follow it "
+                               "with `gemma3-ray cluster status`.")
+        time.sleep(POLL_INTERVAL_S)
+    out(f"      cluster {spec.name}: gone [{time.monotonic() - start:.0f} s]")
+
+
 def delete(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
     try:
         op = _call("delete", spec.path, lambda: container.delete_cluster(request={"name": spec.path}))

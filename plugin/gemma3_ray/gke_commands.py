@@ -123,6 +123,11 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
     if cluster is None:
         out(f"Nothing to delete: cluster {spec.name} does not exist in {spec.region} (project {spec.project}).")
         return 0
+    if cluster.status == gke_cluster.gke.Cluster.Status.STOPPING:
+        out(f"Cluster {spec.name} is already being deleted (STOPPING); waiting for it to go.")
+        if not args.dry_run:
+            gke_cluster.wait_gone(container, spec, out)
+        return 0
     kind = "Autopilot" if cluster.autopilot.enabled else f"Standard, {len(cluster.node_pools)} node pool(s)"
     out(f"  - delete cluster {spec.path} ({kind}) with every workload, Ray cluster and persistent disk in it")
     out("  = kept: the bucket and its checkpoints, the Google service accounts, the images "

@@ -291,3 +291,14 @@ def test_the_nodes_run_as_a_given_service_account(gcloud: GcloudHome, capsys: py
     assert cli.main([*args, "not-an-email", *BASE], _clients(FakeContainer(PROJECT))) == 2
     err = capsys.readouterr().err
     assert "Invalid --node-service-account" in err and "not-an-email" not in err
+
+
+def test_a_cluster_already_being_deleted_is_waited_for(gcloud: GcloudHome, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeContainer(PROJECT, polls_per_state=2)
+    spec = gke_cluster.ClusterSpec(PROJECT, REGION, "gemma3-ray")
+    fake.ready(REGION, gke_cluster.desired_cluster(spec))
+    fake.delete_cluster(request={"name": spec.path})  # someone else's delete
+    assert cli.main(["cluster", "delete", "--yes", *BASE], _clients(fake)) == 0
+    assert "already being deleted (STOPPING)" in capsys.readouterr().out
+    assert fake.clusters == {}
+    assert [c for c in fake.mutations() if c[0] == "delete_cluster"] == [("delete_cluster", spec.path)]

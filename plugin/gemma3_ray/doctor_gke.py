@@ -33,9 +33,12 @@ def _driver_check(name: str, gke_version: str, accelerator: str, label: str,
     if need is None:
         return Check(name, True, "no torch pin with a known CUDA build to check the driver against")
     label = label.upper()
-    if label in {"", "GPU_DRIVER_VERSION_UNSPECIFIED", "INSTALLATION_DISABLED"}:
-        return Warn(name, True, f"GKE does not install the driver here ({label or 'unset'}): the one you install must "
-                        f"be >= {need.min_driver} ({need.text()}); or recreate the pool with gpu-driver-version=latest")
+    if label == "INSTALLATION_DISABLED":
+        return Warn(name, True, f"GKE does not install the driver here (INSTALLATION_DISABLED): the one you install must "
+                    f"be >= {need.min_driver} ({need.text()}); or recreate the pool with gpu-driver-version=latest")
+    if label in {"", "GPU_DRIVER_VERSION_UNSPECIFIED"}:
+        return Warn(name, True, f"the pool does not say which driver GKE installs (unset: DEFAULT on recent GKE versions, "
+                    f"none on old ones); {need.text()}: recreate the pool with gpu-driver-version=latest")
     resolved = gpu_driver.resolve(gke_version, accelerator, label, fetch)
     if resolved.major is None:
         return Warn(name, True, f"could not tell which driver {label} gives ({resolved.how}); {need.text()}: check "
@@ -56,7 +59,8 @@ def driver_checks(cluster: gke.Cluster, values: dict[str, Any] | None,
         accelerator = workers.get("accelerator") or "nvidia-b200"  # the chart's default
         if accelerator == "none":
             return []
-        label = str(workers.get("gpuDriverVersion", CHART_DRIVER_DEFAULT) or "")
+        # the chart's node selector cloud.google.com/gke-gpu-driver-version; omitted, Autopilot installs DEFAULT
+        label = str(workers.get("gpuDriverVersion", CHART_DRIVER_DEFAULT) or "default")
         return [_driver_check(f"GPU driver ({accelerator}, Autopilot)", version, accelerator, label, fetch)]
     out = []
     for pool in cluster.node_pools:

@@ -84,6 +84,7 @@ def test_doctor_fails_on_a_missing_cluster_and_an_off_add_on_then_passes() -> No
     (NEW_GKE, "latest", "[ok]"),
     (NEW_GKE, "default", "use LATEST"),
     (OLD_GKE, "latest", "upgrade the cluster to a GKE version whose LATEST driver is new enough"),
+    (NEW_GKE, "", "driver 570.172.08 (DEFAULT"),  # no selector: Autopilot installs DEFAULT
 ])
 @pytest.mark.usefixtures("driver_maps")
 def test_autopilot_driver_warning_follows_the_values_and_the_gke_version(gke_version: str, label: str, expect: str) -> None:
@@ -109,12 +110,16 @@ def test_standard_pools_are_checked_one_by_one() -> None:
     manual = gke_cluster.gpu_node_pool(spec)
     manual.name = "manual-pool"
     manual.config.accelerators[0].gpu_driver_installation_config.gpu_driver_version = DISABLED
-    cluster.node_pools = [*cluster.node_pools, extra, manual]
+    unset = gke_cluster.gpu_node_pool(spec)
+    unset.name = "unset-pool"
+    unset.config.accelerators[0].gpu_driver_installation_config = gke.GPUDriverInstallationConfig()
+    cluster.node_pools = [*cluster.node_pools, extra, manual, unset]
     checks = {c.name: c.line() for c in doctor_gke.driver_checks(fake.ready(REGION, cluster), None)}
     assert checks["GPU driver (node pool gpu-pool)"].startswith("[ok]")
     assert checks["GPU driver (node pool old-pool)"].startswith("[warn]") and "570.172.08" in \
         checks["GPU driver (node pool old-pool)"]
     assert "GKE does not install the driver here (INSTALLATION_DISABLED)" in checks["GPU driver (node pool manual-pool)"]
+    assert "the pool does not say which driver GKE installs" in checks["GPU driver (node pool unset-pool)"]
     assert "GPU driver (node pool cpu-pool)" not in checks
 
 

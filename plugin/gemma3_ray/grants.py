@@ -1,22 +1,23 @@
 """What one release may do on the shared bucket: its conditional IAM bindings, and how they are told apart.
 
 Every release (namespace + release name) gets its own Google service account and, on the bucket,
-two bindings for that account, both with an IAM condition titled ``gemma3-ray NAMESPACE/RELEASE``
-(the title is how `down --prereqs` finds exactly this release's grants, and nothing else):
+one binding for that account with an IAM condition titled ``gemma3-ray NAMESPACE/RELEASE`` (the
+title is how `down --prereqs` finds exactly this release's grant, and nothing else):
+``roles/storage.objectUser`` limited to the release's prefix: ``storage.objects.{create, delete,
+get, list, restore, update}`` and ``storage.multipartUploads.*`` (plus folder/managed-folder
+permissions that uniform bucket-level access makes moot) — what the job does: write and overwrite
+checkpoints, the adapter, metrics and the summary, read them back to resume, delete old checkpoints
+(Ray Train's ``num_to_keep``), multipart uploads of large shards. It lacks
+``storage.objects.getIamPolicy``/``setIamPolicy`` (object ACLs), which ``roles/storage.objectAdmin``
+adds and the job never needs. The condition matches object names under ``PREFIX/`` and, for
+``storage.objects.list`` (whose resource is the bucket), list requests whose prefix is under
+``PREFIX/`` (the ``storage.googleapis.com/objectListPrefix`` request attribute).
 
-- ``roles/storage.objectUser`` limited to the release's prefix: ``storage.objects.{create, delete,
-  get, list, restore, update}`` and ``storage.multipartUploads.*`` (plus folder/managed-folder
-  permissions that uniform bucket-level access makes moot) — what the job does: write and overwrite
-  checkpoints, the adapter, metrics and the summary, read them back to resume, delete old
-  checkpoints (Ray Train's ``num_to_keep``), multipart uploads of large shards. It lacks
-  ``storage.objects.getIamPolicy``/``setIamPolicy`` (object ACLs), which ``roles/storage.objectAdmin``
-  adds and the job never needs. The condition matches object names under ``PREFIX/`` and, for
-  ``storage.objects.list`` (whose resource is the bucket), list requests whose prefix is under
-  ``PREFIX/`` (``storage.googleapis.com/objectListPrefix``).
-- ``roles/storage.bucketViewer`` on the bucket itself (``storage.buckets.get``: pyarrow's GCS file
-  system, which Ray Train writes through, reads the bucket's metadata when it creates a directory).
-  It holds no object permission, and replaces ``roles/storage.legacyBucketReader``, which would let
-  the release list every other release's object names (legacy roles take no conditions).
+No bucket-level role: pyarrow's GCS file system (Ray Train writes through it) creates a directory
+by walking up from it until an existing directory object answers (any error counts as "missing"),
+and reads the bucket's metadata only when none does (arrow's ``CreateDirMarkerRecursive`` in
+``cpp/src/arrow/filesystem/gcsfs.cc``). `prereqs` creates the directory object ``PREFIX/``, so the
+walk stops inside the prefix: no ``storage.buckets.get``, no object outside the prefix.
 
 Another release's objects — even in the same bucket — are out of reach of these grants.
 """
@@ -30,8 +31,7 @@ from typing import Any
 from gemma3_ray import names
 
 OBJECT_ROLE = "roles/storage.objectUser"
-BUCKET_ROLE = "roles/storage.bucketViewer"
-ROLES = (OBJECT_ROLE, BUCKET_ROLE)
+ROLES = (OBJECT_ROLE,)
 TITLE_PREFIX = f"{names.PRODUCT} "
 _TITLE_RE = re.compile(rf"^{re.escape(TITLE_PREFIX)}(?P<ns>[a-z0-9-]+)/(?P<release>[a-z0-9-]+)$")
 _EXPR_PREFIX_RE = re.compile(r'objects/(?P<prefix>[^"]*)/"\)')
@@ -50,8 +50,7 @@ class Grant:
         return {"title": self.title, "description": description, "expression": self.expression}
 
     def text(self, bucket: str) -> str:
-        scope = "its prefix" if self.role == OBJECT_ROLE else "the bucket's metadata"
-        return f"{self.role} on gs://{bucket} for {self.member} (condition '{self.title}': {scope})"
+        return f"{self.role} on gs://{bucket} for {self.member} (condition '{self.title}': its prefix only)"
 
 
 def title(namespace: str, release: str) -> str:
@@ -63,14 +62,9 @@ def object_expression(bucket: str, prefix: str) -> str:
             f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{prefix}/")')
 
 
-def bucket_expression(bucket: str) -> str:
-    return f'resource.name == "projects/_/buckets/{bucket}"'
-
-
 def for_release(bucket: str, prefix: str, namespace: str, release: str, member: str) -> tuple[Grant, ...]:
     t = title(namespace, release)
-    return (Grant(OBJECT_ROLE, member, t, object_expression(bucket, prefix)),
-            Grant(BUCKET_ROLE, member, t, bucket_expression(bucket)))
+    return (Grant(OBJECT_ROLE, member, t, object_expression(bucket, prefix)),)
 
 
 def description(prefix: str) -> str:

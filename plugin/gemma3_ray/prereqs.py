@@ -5,8 +5,9 @@ A release (namespace + release name) gets identities and grants of its own, leas
 - the bucket the releases share, in the cluster's region, hardened (``bucket_setup``);
 - the release's own Google service account (GSA; ``g3r-<release>-<hash>`` unless ``--gsa-name``),
   its description naming the release that created it;
-- on the bucket, the release's conditional grants (``grants``): ``roles/storage.objectUser`` on its
-  prefix only and ``roles/storage.bucketViewer`` — never another release's objects;
+- on the bucket, the release's conditional grant (``grants``): ``roles/storage.objectUser`` on its
+  prefix only — never another release's objects — and the directory object ``PREFIX/`` that keeps
+  the job's file system inside that prefix (see ``grants``);
 - on its GSA only: ``roles/iam.workloadIdentityUser`` for
   ``serviceAccount:PROJECT.svc.id.goog[NAMESPACE/KSA]`` (the Kubernetes service account may act as it);
 - optionally, the Hugging Face token Secret in the cluster (the token comes from a file, stdin or an
@@ -109,6 +110,7 @@ class Prereqs:
             Step(lambda: [bucket_setup.describe(self.dep)], self._bucket),
             Step(lambda: [self._gsa_text()], self._gsa),
             Step(lambda: [g.text(self.dep.bucket) for g in self._grants()], self._bucket_grants),
+            Step(lambda: [self._folder_text()], self._folder),
             Step(lambda: [self._wi_text()], self._wi_binding),
             Step(lambda: [self._secret_text()] if self.hf_token is not None else [], self._hf_secret),
         ]
@@ -233,6 +235,29 @@ class Prereqs:
                 access.read, access.write, edit, just_created=self.gsa_created))
 
         plan.actions.append(Action("grant " + "; ".join(g.text(self.dep.bucket) for g in missing), grant))
+
+    def _folder_text(self) -> str:
+        return f"directory object gs://{self.dep.bucket}/{self.dep.prefix}/ (the job's file system stops there)"
+
+    def _folder(self, plan: Plan) -> None:
+        name = f"{self.dep.prefix}/"
+        if self.bucket is not None:
+            blob = self._call("read", f"gs://{self.dep.bucket}/{name}",
+                              lambda: self.clients.get_storage().bucket(self.dep.bucket).get_blob(name))
+            if blob is not None:
+                plan.in_place.append(self._folder_text())
+                return
+
+        def create() -> None:
+            blob = self.clients.get_storage().bucket(self.dep.bucket).blob(name)
+            try:
+                blob.upload_from_string(b"", content_type="application/x-directory", if_generation_match=0)
+            except gexc.PreconditionFailed:
+                return  # it exists (a concurrent run, or the job itself)
+            except Exception as exc:
+                raise translate(exc, "create", f"gs://{self.dep.bucket}/{name}") from exc
+
+        plan.actions.append(Action(f"create {self._folder_text()}", create))
 
     def _bucket_policy(self) -> iam_policy.PolicyAccess:
         return iam_policy.bucket_policy(self.clients.get_storage().bucket(self.dep.bucket))

@@ -56,18 +56,18 @@ def test_two_releases_coexist_and_one_goes_without_touching_the_other(
     assert set(fake_iam.accounts) == {_gsa("team-a"), _gsa("team-b")}
     assert _titles(url) == {"gemma3-ray team-a/gemma3-ray", "gemma3-ray team-b/gemma3-ray"}
     b_objects = {o for o in _objects(url) if o.startswith("gemma3-ray/team-b/")}
-    assert len(b_objects) == 2
+    assert len(b_objects) == 3  # the directory object `prereqs` made, and two of the job's
 
     assert cli.main(["down", *GCP_ONLY, "--delete-data", "--dry-run", *BASE, "-n", "team-a"], clients) == 0
     assert "Dry run: nothing changed" in capsys.readouterr().out
-    assert len(fake_iam.accounts) == 2 and len(_objects(url)) == 4
+    assert len(fake_iam.accounts) == 2 and len(_objects(url)) == 6
 
     assert cli.main(["down", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
     out = capsys.readouterr().out
     assert f"removed Google service account {_gsa('team-a')}" in out
     assert f"removed {prereqs.WORKLOAD_IDENTITY_ROLE} on {_gsa('team-a')} for {_wi('team-a')}" in out
     assert "removed this release's grants on gs://" in out
-    assert "removed 2 object(s) under gs://demo-proj-1-gemma3-ray/gemma3-ray/team-a/gemma3-ray/" in out
+    assert "removed 3 object(s) under gs://demo-proj-1-gemma3-ray/gemma3-ray/team-a/gemma3-ray/" in out
     assert f"keep bucket gs://{BUCKET} (shared by the releases; never deleted by `down`; also used by " \
            "team-b/gemma3-ray)" in out
     # team-b untouched

@@ -40,7 +40,7 @@ def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
     assert cli.main(["prereqs", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
     out = capsys.readouterr().out
     assert f"+ create bucket gs://{BUCKET} in {REGION}" in out
-    assert "Done: 5 change(s) applied." in out
+    assert "Done: 6 change(s) applied." in out
 
     assert fake_usage.enabled == ALL_SERVICES
     bucket = storage_client(gcs_iam_emulator).get_bucket(BUCKET)
@@ -51,7 +51,7 @@ def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
     assert set(fake_iam.accounts) == {gsa}
     assert "release team-a/gemma3-ray" in fake_iam.accounts[gsa].description
     bindings = {b["role"]: b for b in bucket_bindings(gcs_iam_emulator)}
-    assert set(bindings) == {"roles/storage.objectUser", "roles/storage.bucketViewer"}
+    assert set(bindings) == {"roles/storage.objectUser"}  # no bucket-level role at all
     for b in bindings.values():
         assert b["members"] == {f"serviceAccount:{gsa}"}
         assert b["condition"]["title"] == "gemma3-ray team-a/gemma3-ray"
@@ -75,7 +75,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(
     assert cli.main(["prereqs", "--dry-run", *BASE], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
     out = capsys.readouterr().out
     planned = [line for line in out.splitlines() if line.startswith("  + ")]
-    assert len(planned) == 5, out
+    assert len(planned) == 6, out
     assert "enable APIs: storage.googleapis.com" in out
     assert f"grant roles/iam.workloadIdentityUser on {GSA}" in out
     assert "Dry run: nothing changed" in out
@@ -152,7 +152,7 @@ def test_offline_plan_without_credentials(gcloud_home, tmp_path: Path, monkeypat
     assert len(unchecked) == 6, out  # APIs, bucket, GSA, its two bucket grants, Workload Identity
     assert all(line.endswith(": not checked (not logged in)") for line in unchecked)
     gsa = names.release_gsa_id("team-a", "gemma3-ray")
-    for expected in (f"gs://{BUCKET}", gsa, "roles/storage.objectUser", "roles/storage.bucketViewer",
+    for expected in (f"gs://{BUCKET}", gsa, "roles/storage.objectUser", "directory object",
                      f"{PROJECT}.svc.id.goog[team-a/gemma3-ray]", "iamcredentials.googleapis.com"):
         assert expected in out
     assert "gcloud auth application-default login" in out
@@ -195,7 +195,7 @@ def test_grants_title_and_prefix_round_trip() -> None:
     (holder,) = grants.holders(policy)
     assert (holder.name, holder.prefixes) == ("ns-1/rel-1", frozenset({"team/x"}))
     assert grants.overlaps("team/x", "team") and not grants.overlaps("team/x", "team/x2")
-    assert len(grants.remove_release(policy, "ns-1", "rel-1")) == 2 and policy.bindings == []
+    assert len(grants.remove_release(policy, "ns-1", "rel-1")) == 1 and policy.bindings == []
 
 
 def _one_sentence_error(capsys: pytest.CaptureFixture[str]) -> str:

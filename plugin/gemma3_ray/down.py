@@ -58,7 +58,10 @@ def plan(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Removal
     """Everything `down` would do, found with reads only."""
     out = Removal()
     if args.uninstall:
-        k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+        try:
+            k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+        except UserError as exc:
+            raise UserError(f"{str(exc).rstrip('.')}; or pass --no-uninstall to leave the cluster alone.") from exc
         out.extend(_rayjobs(k8s.CustomObjectsApi(), dep))
         out.extend(_helm_release(release.client(args.kubeconfig, args.kube_context), dep))
     else:

@@ -99,8 +99,10 @@ def read_gcloud_state(env: Mapping[str, str] | None = None, configuration: str |
     directory = config_dir(env)
     name = configuration or active_configuration(directory, env)
     if configuration and not (directory / "configurations" / f"config_{configuration}").is_file():
+        from gemma3_ray.tokens import shown
+
         raise ConfigError(
-            f"There is no gcloud configuration named {configuration!r} in {directory}; list them with "
+            f"There is no gcloud configuration named {shown(configuration)} in {directory}; list them with "
             "`gcloud config configurations list`."
         )
     if configuration is None and not env.get("CLOUDSDK_ACTIVE_CONFIG_NAME") and not (directory / "active_config").exists():

@@ -54,7 +54,9 @@ def current_context(kubeconfig: str | None = None, context: str | None = None) -
                           "fix it or pass --kubeconfig.") from exc
     if context:
         if not any(c.get("name") == context for c in contexts or []):
-            raise ConfigError(f"The kube context {context!r} does not exist; list contexts with "
+            from gemma3_ray.tokens import shown
+
+            raise ConfigError(f"The kube context {shown(context)} does not exist; list contexts with "
                               "`kubectl config get-contexts`.")
         return context
     return active.get("name") if active else None

@@ -75,10 +75,9 @@ _OTHER_ACCELERATORS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p10
 def accelerator(value: str) -> str:
     known = sorted([*GPU_MEMORY_GB, *_OTHER_ACCELERATORS])
     if value not in known:
-        from gemma3_ray.tokens import looks_like_token
+        from gemma3_ray.tokens import shown
 
-        shown = "(value not shown)" if looks_like_token(value) else repr(value)
-        raise InvalidName(f"Unknown --accelerator {shown}: pass the GKE accelerator label, one of {', '.join(known)}.")
+        raise InvalidName(f"Unknown --accelerator {shown(value)}: pass the GKE accelerator label, one of {', '.join(known)}.")
     return value
 
 

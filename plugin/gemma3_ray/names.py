@@ -40,10 +40,9 @@ _MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 
 
 def _bad(field: str, value: str, rule: str, fix: str) -> InvalidName:
-    from gemma3_ray.tokens import looks_like_token
+    from gemma3_ray.tokens import shown
 
-    shown = "(value not shown: it looks like a token)" if looks_like_token(value) else repr(value)
-    return InvalidName(f"Invalid {field} {shown}: {rule}; {fix}.")
+    return InvalidName(f"Invalid {field} {shown(value)}: {rule}; {fix}.")
 
 
 def project_id(value: str) -> str:

@@ -35,6 +35,11 @@ def looks_like_token(value: str) -> bool:
     return len(value) >= _SECRET_LIKE_MIN_LEN and mixed
 
 
+def shown(value: str) -> str:
+    """How an error names a value the user gave: quoted, unless it looks like a token (then not at all)."""
+    return "(value not shown: it looks like a token)" if looks_like_token(value) else repr(value)
+
+
 def variable_name(flag: str, value: str) -> str:
     """Check a flag value that must name an environment variable; the value is never printed."""
     if looks_like_token(value):

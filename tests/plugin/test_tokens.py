@@ -111,3 +111,22 @@ def test_hints_keep_the_token_out_of_argv_and_history() -> None:
     sources += (ROOT / "plugin" / "README.md").read_text() + (ROOT / "README.md").read_text()
     assert "HF_TOKEN=..." not in sources and "HF_TOKEN=hf_" not in sources
     assert "read -s hf_" not in sources
+
+
+@pytest.mark.parametrize("argv", [
+    ["values", "--kube-context", TOKEN],
+    ["values", "--configuration", TOKEN],
+    ["values", "--bucket", TOKEN],
+    ["values", "--accelerator", TOKEN, "--gpus-per-node", "1"],
+])
+def test_errors_about_a_flag_value_never_print_a_token(argv: list[str], gcloud_home, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    gcloud_home.write("default", {"core": {"project": "acme-ml-1"}, "compute": {"region": "us-central1"}},
+                      activate=True)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{name: c, cluster: "
+                          "{server: 'https://127.0.0.1:1'}}]\nusers: [{name: c, user: {}}]\n"
+                          "contexts: [{name: c, context: {cluster: c, user: c}}]\n")
+    assert cli.main([*argv, "--project", "acme-ml-1", "--kubeconfig", str(kubeconfig)]) != 0
+    captured = capsys.readouterr()
+    assert TOKEN not in captured.out + captured.err and "not shown" in captured.err

@@ -153,9 +153,13 @@ def desired_cluster(spec: ClusterSpec) -> gke.Cluster:
         return cluster
     # Ray cluster monitoring scrapes with Google Cloud Managed Service for Prometheus (on in Autopilot).
     cluster.monitoring_config = gke.MonitoringConfig(managed_prometheus_config=gke.ManagedPrometheusConfig(enabled=True))
-    cpu = gke.NodePool(name=CPU_POOL, initial_node_count=1, config=gke.NodeConfig(
+    # A regional cluster's pool gets initial_node_count nodes in each of its zones: pin both pools to the
+    # GPU zone, so the head is one node next to the GPUs (not one per zone of the region).
+    cpu_config = gke.NodeConfig(
         machine_type=spec.cpu_machine_type, service_account=spec.node_service_account or "",
-        workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA)))
+        workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA))
+    cpu = gke.NodePool(name=CPU_POOL, initial_node_count=1, locations=[spec.zone] if spec.zone else [],
+                       config=cpu_config)
     cluster.node_pools = [cpu, gpu_node_pool(spec)]
     return cluster
 
@@ -166,7 +170,7 @@ def describe(spec: ClusterSpec) -> str:
             f"release channel {RELEASE_CHANNEL.name}, nodes as "
             f"{spec.node_service_account or 'the Compute Engine default service account'}")
     if spec.standard:
-        text += f"; node pool {CPU_POOL} (1 × {spec.cpu_machine_type}, the Ray head); " + describe_gpu_pool(spec)
+        text += f"; node pool {CPU_POOL} (1 × {spec.cpu_machine_type} in {spec.zone}, the Ray head); " + describe_gpu_pool(spec)
     elif spec.reservation:
         text += (f"; GPU nodes come on demand, from reservation {spec.reservation} once the values say so "
                  f"(`gemma3-ray values --reservation {spec.reservation}`)")

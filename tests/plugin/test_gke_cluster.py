@@ -101,6 +101,7 @@ def test_standard_cluster_with_a_gpu_pool_on_a_specific_reservation(
     assert cluster.monitoring_config.managed_prometheus_config.enabled  # Ray cluster monitoring needs it
     cpu, gpu = cluster.node_pools
     assert (cpu.name, cpu.config.machine_type, cpu.initial_node_count) == ("cpu-pool", "e2-standard-32", 1)
+    assert list(cpu.locations) == [f"{REGION}-a"]  # one head node, not one per zone of the region
     assert (gpu.config.machine_type, gpu.initial_node_count, list(gpu.locations)) == ("a3-highgpu-8g", 2, [f"{REGION}-a"])
     (accel,) = gpu.config.accelerators
     assert (accel.accelerator_type, accel.accelerator_count) == ("nvidia-h100-80gb", 8)

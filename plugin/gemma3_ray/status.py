@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gemma3_ray import cluster
@@ -100,16 +101,33 @@ def _guarded(what: str, fn: Callable[[], list[str]]) -> list[str]:
         return [_unknown(what, exc)]
 
 
+_STORAGE_PATH_RE = re.compile(r"""--storage_path=['"]?gs://(?P<bucket>[a-z0-9][a-z0-9_.-]*)/?(?P<prefix>[^\s'"]*)""")
+
+
+def storage_of(rayjob: dict[str, Any]) -> tuple[str, str] | None:
+    """(bucket, prefix) the job really writes to: its entrypoint's --storage_path."""
+    m = _STORAGE_PATH_RE.search((rayjob.get("spec") or {}).get("entrypoint") or "")
+    return (m["bucket"], m["prefix"].strip("/")) if m else None
+
+
 def lines(args: argparse.Namespace, dep: Deployment, clients: Clients) -> list[str]:
     out: list[str] = []
     state: list[cluster.RayJobState] = []
 
     def rayjob() -> list[str]:
+        nonlocal dep
         k8s = cluster.load_config(args.kubeconfig, args.kube_context)
-        s = cluster.rayjob_state(cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release))
+        obj = cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release)
+        s = cluster.rayjob_state(obj)
         state.append(s)
-        return [f"RayJob {dep.namespace}/{s.name}: deployment {s.deployment_status}, job {s.job_status}"
-                + (f" ({s.message})" if s.message else "")]
+        found = [f"RayJob {dep.namespace}/{s.name}: deployment {s.deployment_status}, job {s.job_status}"
+                 + (f" ({s.message})" if s.message else "")]
+        live = storage_of(obj)
+        given = {"bucket", "prefix"} & set(dep.sources.flags)
+        if live and not given and live != (dep.bucket, dep.prefix):
+            dep = replace(dep, bucket=live[0], prefix=live[1])  # where this job writes, not the default
+            found.append(f"Storage: gs://{live[0]}/{live[1]}/ (the RayJob's --storage_path)")
+        return found
 
     def dashboard() -> list[str]:
         if not state:

@@ -14,6 +14,8 @@ from gemma3_ray.deployment import Overrides, resolve
 from gemma3_ray.gcp_clients import Clients
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
+from tests.plugin.kube_apiserver import kubectl
+from tests.plugin.test_down_cluster import _rayjob
 from tests.plugin.test_prereqs import _no_credentials
 
 BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context", "-n", "ml"]
@@ -68,3 +70,33 @@ def test_status_through_the_cli_reads_the_bucket(fake_gcs_factory, tmp_path: Pat
     out = capsys.readouterr().out
     assert rc == 0
     assert "Newest run: r1-x, in progress" in out and "checkpoint_000001" in out
+
+
+def test_status_reads_where_the_live_job_writes() -> None:
+    """A release installed with plain `helm install` uses the chart's own prefix (gemma3-ray/RELEASE);
+    status follows the RayJob's --storage_path rather than the plugin's default."""
+    job = {"spec": {"entrypoint": "python /home/ray/trainer/vision_train.py --num_workers=16 "
+                                  "--storage_path=gs://bkt/gemma3-ray/t --run_name=r1-x"}}
+    assert status.storage_of(job) == ("bkt", "gemma3-ray/t")
+    quoted = {"spec": {"entrypoint": "python x.py '--storage_path=gs://bkt/team=a/x' --x=1"}}
+    assert status.storage_of(quoted) == ("bkt", "team=a/x")
+    assert status.storage_of({"spec": {"entrypoint": "python x.py"}}) is None
+
+
+def test_status_on_a_real_api_server_follows_the_rayjob(kube_apiserver: Path, fake_gcs_factory,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    ns = "status-team"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    job = json.loads(_rayjob(ns, "gemma3-ray-abcde"))
+    job["spec"]["entrypoint"] += " --storage_path=gs://plain-bucket/gemma3-ray/gemma3-ray"  # plain `helm install`
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=json.dumps(job))
+    storage = storage_client(fake_gcs_factory(REGION))
+    storage.create_bucket("plain-bucket").blob(
+        "gemma3-ray/gemma3-ray/runs/r1-20261201T100000Z/checkpoint_000003/model.pt").upload_from_string("w")
+    rc = cli.main(["status", "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig", str(kube_apiserver)],
+                  Clients(project=PROJECT, storage=storage))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"RayJob {ns}/gemma3-ray-abcde: deployment New, job PENDING" in out  # no operator: no status yet
+    assert "Storage: gs://plain-bucket/gemma3-ray/gemma3-ray/ (the RayJob's --storage_path)" in out
+    assert "Newest run: r1-20261201T100000Z, in progress" in out and "checkpoint_000003" in out

@@ -68,11 +68,16 @@ def registry_of(dep: Deployment) -> Registry:
     return Registry(dep.project, dep.region)
 
 
-def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
+def _call(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False) -> Any:
+    """``fn()``, its Google errors as one sentence; with ``not_found``, a 404 is raised as is (the caller's answer)."""
     try:
         return fn()
-    except (gexc.NotFound, UserError):
+    except UserError:
         raise
+    except gexc.NotFound:
+        if not_found:
+            raise
+        raise translate(gexc.NotFound(resource), action, resource) from None
     except Exception as exc:
         raise translate(exc, action, resource) from exc
 
@@ -139,7 +144,7 @@ class RegistryPrereqs:
     def _repository_exists(self) -> bool:
         registry = self.clients.get_artifact_registry()
         try:
-            _call("read", self.reg.path, lambda: registry.get_repository(request={"name": self.reg.path}))
+            _call("read", self.reg.path, lambda: registry.get_repository(request={"name": self.reg.path}), not_found=True)
         except gexc.NotFound:
             return False
         return True
@@ -162,7 +167,8 @@ class RegistryPrereqs:
     def _staging_bucket(self) -> Any | None:
         storage = self.clients.get_storage()
         try:
-            return _call("read", f"gs://{self.reg.staging_bucket}", lambda: storage.get_bucket(self.reg.staging_bucket))
+            return _call("read", f"gs://{self.reg.staging_bucket}", lambda: storage.get_bucket(self.reg.staging_bucket),
+                         not_found=True)
         except gexc.NotFound:
             return None
 

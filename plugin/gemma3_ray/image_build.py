@@ -139,11 +139,16 @@ def context(root: Path | None = None, dockerfile: str = DOCKERFILE, base: str | 
     return Context(root, dockerfile, tuple(sorted(files)), tuple(build_args))
 
 
-def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
+def _call(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False) -> Any:
+    """``fn()``, its Google errors as one sentence; with ``not_found``, a 404 is raised as is (the caller's answer)."""
     try:
         return fn()
-    except (gexc.NotFound, UserError):
+    except UserError:
         raise
+    except gexc.NotFound:
+        if not_found:
+            raise
+        raise translate(gexc.NotFound(resource), action, resource) from None
     except Exception as exc:
         raise translate(exc, action, resource) from exc
 
@@ -152,10 +157,10 @@ def image_state(clients: Clients, reg: Registry, tag: str) -> str:
     """'built', 'missing' (repository there, tag not) or 'no-repository'."""
     registry = clients.get_artifact_registry()
     try:
-        _call("read", reg.tag_path(tag), lambda: registry.get_tag(request={"name": reg.tag_path(tag)}))
+        _call("read", reg.tag_path(tag), lambda: registry.get_tag(request={"name": reg.tag_path(tag)}), not_found=True)
     except gexc.NotFound:
         try:
-            _call("read", reg.path, lambda: registry.get_repository(request={"name": reg.path}))
+            _call("read", reg.path, lambda: registry.get_repository(request={"name": reg.path}), not_found=True)
         except gexc.NotFound:
             return "no-repository"
         return "missing"
@@ -258,6 +263,14 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     ready = state != "no-repository"
     out(f"  {'=' if ready else '!'} Artifact Registry repository {reg.host}"
         + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --image`"))
+    storage = clients.get_storage()
+    try:
+        _call("read", f"gs://{reg.staging_bucket}", lambda: storage.get_bucket(reg.staging_bucket), not_found=True)
+        staged = True
+    except gexc.NotFound:
+        staged = False
+    out(f"  {'=' if staged else '!'} build staging bucket gs://{reg.staging_bucket}"
+        + ("" if staged else " MISSING: create it with `gemma3-ray prereqs --image`"))
     out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
     out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile}{args_text} . -> push {image} "
         f"(log: gs://{reg.staging_bucket}/logs/)")
@@ -265,12 +278,12 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     if not args.apply:
         out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags).")
         return 0
-    if not ready:
-        raise NotFound(f"The Artifact Registry repository {reg.path} does not exist: run `gemma3-ray prereqs --image` "
-                       "first.")
+    if not (ready and staged):
+        what = f"The Artifact Registry repository {reg.path}" if not ready else f"The build staging bucket gs://{reg.staging_bucket}"
+        raise NotFound(f"{what} does not exist: run `gemma3-ray prereqs --image` first.")
     pre.require(dep.project)
     out(f"  ... uploading gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-    blob = clients.get_storage().bucket(reg.staging_bucket).blob(f"source/{ctx.tag}.tgz")
+    blob = storage.bucket(reg.staging_bucket).blob(f"source/{ctx.tag}.tgz")
     _call("upload to", f"gs://{reg.staging_bucket}", lambda: blob.upload_from_string(ctx.tarball(), "application/gzip"))
     out(f"  ... submitting the build of {image}")
     cbc = clients.get_cloud_build()

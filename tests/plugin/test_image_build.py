@@ -298,3 +298,18 @@ def test_an_autopilot_cluster_pulls_as_its_auto_provisioning_account(cloud: Clou
             "--no-kube-context"]
     assert cli.main(args, cloud.clients()) == 0
     assert f"roles/artifactregistry.reader on {HOST} for serviceAccount:auto-{NODES}" in capsys.readouterr().out
+
+
+def test_a_missing_staging_bucket_is_named_not_a_traceback(cloud: Cloud, source: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from google.cloud import artifactregistry_v1 as ar
+
+    cloud.registry.create_repository(request={"parent": REPO.rsplit("/repositories/", 1)[0], "repository_id": "gemma3-ray",
+                                              "repository": ar.Repository(format_=ar.Repository.Format.DOCKER)})
+    build = ["image", "build", "--context", str(source), *BASE]
+    assert cli.main(build, cloud.clients()) == 0
+    assert f"! build staging bucket gs://{STAGING} MISSING" in capsys.readouterr().out
+    assert cli.main([*build, "--apply"], cloud.clients()) == 1
+    assert f"The build staging bucket gs://{STAGING} does not exist: run `gemma3-ray prereqs --image` first." in \
+        capsys.readouterr().err
+    assert cloud.build.mutations() == []

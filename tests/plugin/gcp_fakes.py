@@ -10,6 +10,8 @@ They record every call, so tests can assert that a dry run mutated nothing."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import threading
 from dataclasses import dataclass, field
@@ -198,3 +200,64 @@ class FakeServiceUsage:
 
     def mutations(self) -> list[tuple[str, str]]:
         return [c for c in self.calls if c[0] == "batch_enable_services"]
+
+
+class EtagBucketIam:
+    """Cloud Storage's bucket IAM endpoint with the real API's etag check, in front of an emulator
+    whose own endpoint stores policies without one: a requests session for google-cloud-storage
+    that answers GET/PUT ``/storage/v1/b/BUCKET/iam`` itself (412 Precondition Failed on a stale
+    etag, a new etag on every write) and sends everything else to the emulator."""
+
+    _IAM_RE = re.compile(r"/storage/v1/b/(?P<bucket>[^/?]+)/iam(?:\?|$)")
+
+    def __init__(self, read_barrier: threading.Barrier | None = None) -> None:
+        self.policies: dict[str, dict[str, Any]] = {}
+        self.conflicts = 0
+        self.read_barrier = read_barrier
+        self._lock = threading.Lock()
+
+    def session(self) -> Any:
+        import requests
+
+        fake = self
+
+        class Session(requests.Session):
+            def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+                m = fake._IAM_RE.search(url)
+                if m is None:
+                    return super().request(method, url, *args, **kwargs)
+                return fake._answer(method, url, m["bucket"], kwargs.get("data"))
+
+        return Session()
+
+    def _answer(self, method: str, url: str, bucket: str, data: Any) -> Any:
+        import requests
+
+        with self._lock:
+            policy = self.policies.setdefault(bucket, {"kind": "storage#policy", "version": 1, "etag": "CAE=",
+                                                        "resourceId": f"projects/_/buckets/{bucket}", "bindings": []})
+        if method == "GET":
+            body, status = dict(policy), 200
+            if self.read_barrier is not None:
+                self.read_barrier.wait()
+        else:
+            sent = json.loads(data or "{}")
+            with self._lock:
+                current = self.policies[bucket]
+                if sent.get("etag") and sent["etag"] != current["etag"]:
+                    self.conflicts += 1
+                    self.read_barrier = None  # only the first round interleaves
+                    body, status = {"error": {"code": 412, "message": "Precondition Failed"}}, 412
+                else:
+                    n = int.from_bytes(base64.b64decode(current["etag"]), "big") + 1
+                    stored = {**current, "version": sent.get("version", 1), "bindings": sent.get("bindings", []),
+                              "etag": base64.b64encode(n.to_bytes(4, "big")).decode()}
+                    self.policies[bucket] = stored
+                    body, status = dict(stored), 200
+        resp = requests.Response()
+        resp.status_code = status
+        resp._content = json.dumps(body).encode()  # noqa: SLF001 - building a response
+        resp.headers["Content-Type"] = "application/json"
+        resp.url = url
+        resp.request = requests.Request(method, url).prepare()
+        return resp

@@ -317,3 +317,40 @@ def test_offline_plan_includes_the_image_prerequisites(gcloud_home, tmp_path: Pa
     assert cli.main(["prereqs", "--dry-run", "--image", *BASE]) == 0
     unchecked = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ? ")]
     assert len(unchecked) == 12 and any("Artifact Registry Docker repository" in line for line in unchecked)
+
+
+def test_two_releases_granting_on_the_bucket_at_once_keep_both_grants(
+    gcs_iam_emulator: str, fake_usage: FakeServiceUsage,
+) -> None:
+    """Two releases' `prereqs` at once on the shared bucket: both read the bucket policy before either
+    writes; Cloud Storage answers the second write 412 (stale etag), it re-reads and retries, and both
+    releases' grants survive."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    from tests.plugin.gcp_fakes import EtagBucketIam
+
+    bucket_iam = EtagBucketIam(read_barrier=threading.Barrier(2, timeout=60))
+    storage_client(gcs_iam_emulator).create_bucket(BUCKET)
+    iam = FakeIAM()
+    errors: list[BaseException] = []
+
+    def run(ns: str) -> None:
+        try:
+            client = storage.Client(project=PROJECT, credentials=AnonymousCredentials(),
+                                    client_options={"api_endpoint": gcs_iam_emulator}, _http=bucket_iam.session())
+            dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns), None, None)
+            clients = Clients(project=PROJECT, storage=client, iam=iam, service_usage=fake_usage)
+            assert commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(ns,)) for ns in ("team-a", "team-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert bucket_iam.conflicts >= 1, "the interleaved writes must have met a stale etag"
+    titles = {b["condition"]["title"] for b in bucket_iam.policies[BUCKET]["bindings"]}
+    assert titles == {"gemma3-ray team-a/gemma3-ray", "gemma3-ray team-b/gemma3-ray"}

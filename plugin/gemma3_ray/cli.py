@@ -81,17 +81,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     n = p.add_argument_group("names")
     n.add_argument("-n", "--namespace", help="Kubernetes namespace (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
     n.add_argument("--release", help="Helm release name (default: gemma3-ray)")
-    n.add_argument("--bucket", help="bucket name (default: PROJECT-gemma3-ray)")
+    n.add_argument("--bucket", help="bucket name, shared by the releases (default: PROJECT-gemma3-ray)")
     n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/NAMESPACE/RELEASE)")
-    n.add_argument("--gsa-name", help="Google service account ID (default: gemma3-ray)")
-    n.add_argument("--ksa", help="Kubernetes service account (default: gemma3-ray)")
+    n.add_argument("--gsa-name", help="Google service account ID (default: g3r-RELEASE-HASH, one per namespace/release)")
+    n.add_argument("--ksa", help="Kubernetes service account (default: the chart's, the release's full name)")
     n.add_argument("--hf-secret", help="Secret holding the Hugging Face token (default: hf-secret)")
     n.add_argument("--hf-secret-key", help="key in that Secret (default: hf_api_token)")
     s = p.add_argument_group("machine shape")
     s.add_argument("--machine-type", help="GPU machine type, e.g. a3-ultragpu-8g")
-    s.add_argument("--reservation", help="reservation NAME or projects/P/reservations/NAME (read via the Compute API)")
+    s.add_argument("--reservation", help="reservation NAME or projects/P/reservations/NAME, either optionally "
+                   "ending in /reservationBlocks/BLOCK (read via the Compute API in --zone)")
     s.add_argument("--accelerator", help="GKE accelerator label, with --gpus-per-node, for shapes not listed")
-    s.add_argument("--gpus-per-node", type=int, help="GPUs per node, with --accelerator")
+    s.add_argument("--gpus-per-node", type=int, help="GPUs per node (1, 2, 4 or 8), with --accelerator")
     s.add_argument("--replicas", type=int, help="GPU worker nodes (default: 1)")
 
 

@@ -234,7 +234,7 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
 
     p = sub.add_parser("down", help="delete the RayJob, helm uninstall; with --prereqs also this release's GCP grants")
     add_common(p)
-    p.add_argument("--no-uninstall", dest="uninstall", action="store_false", help="keep the Helm release")
+    p.add_argument("--no-uninstall", dest="uninstall", action="store_false", help="keep the Helm release and its RayJob (change nothing in the cluster)")
     p.add_argument("--prereqs", action="store_true",
                    help="also remove what `prereqs` made for this release (its grants, its service account unless "
                    "another release uses it); the shared bucket is kept")

@@ -69,6 +69,11 @@ def plot_losses(records: list[dict[str, Any]], png: Path, title: str) -> Path:
     return png
 
 
+# summary.json `startup` keys (trainer/startup_timing.py ROWS), shortened for one line.
+STARTUP_PARTS = (("runtime_env_s", "runtime env"), ("workers_s", "workers"), ("model_load_s", "model"),
+                 ("data_s", "data"), ("setup_other_s", "set-up"), ("first_step_s", "first step"))
+
+
 def _num(v: Any, fmt: str = ".4f") -> str:
     return format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else str(v)
 
@@ -101,6 +106,11 @@ def summary_lines(summary: dict[str, Any], to_local: Callable[[str], Path], png:
         f"  {'loss curve':<20}{png}",
         f"  {'job wall time':<20}{_num(job_wall_s, '.1f')} s",
     ]
+    start = summary.get("startup") or {}
+    if start.get("total_s") is not None:  # trainer/startup_timing.py; the job log has the full block
+        parts = [f"{label} {start[key]:.1f}" for key, label in STARTUP_PARTS if start.get(key) is not None]
+        lines.append(f"  {'job start':<20}{start['total_s']:.1f} s from {start.get('from')} to step 1"
+                     f" ({', '.join(parts)} s)")
     if total_s is not None:
         lines.append(f"  {total_label:<20}{total_s:.1f} s")
     lines.append("=" * 72)

@@ -147,3 +147,15 @@ def test_the_block_prints_from_a_summary_json(tmp_path: Path) -> None:
     summary.write_text("{}")
     out = subprocess.run([sys.executable, str(TRAINER / "startup_timing.py"), str(summary)], capture_output=True, text=True)
     assert out.returncode == 1 and "no startup split" in out.stderr
+
+
+def test_the_demo_summary_shows_every_part_of_the_split() -> None:
+    from demo.report import STARTUP_PARTS, summary_lines
+
+    assert [k for k, _ in STARTUP_PARTS] == [k for k, _ in st.ROWS]
+    clock = st.StartupClock({"submitted": 0.0, "source": "t", "driver_start": 3.0})
+    for name, at in (("workers_start", 9.0), ("train_start", 20.0), ("first_step_end", 24.0)):
+        clock.mark(name, at)
+    lines = summary_lines({"global_step": 1, "startup": clock.split()}, Path, Path("loss.png"), 30.0, None, "")
+    (line,) = [ln for ln in lines if "job start" in ln]
+    assert "24.0 s from submission to step 1 (runtime env 3.0, workers 6.0, set-up 11.0, first step 4.0 s)" in line

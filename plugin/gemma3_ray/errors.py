@@ -75,6 +75,7 @@ ROLE_FOR_PERMISSION: dict[str, str] = {
     "storage.buckets.setIamPolicy": "roles/storage.admin",
     "storage.objects.list": "roles/storage.objectViewer",
     "storage.objects.get": "roles/storage.objectViewer",
+    "storage.objects.delete": "roles/storage.objectUser",  # down --delete-data
     "iam.serviceAccounts.create": "roles/iam.serviceAccountAdmin",
     "iam.serviceAccounts.get": "roles/iam.serviceAccountViewer",
     "iam.serviceAccounts.delete": "roles/iam.serviceAccountAdmin",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -46,7 +47,7 @@ from demo.local_cluster import (
     start_fake_gcs,
     start_ray_head,
 )
-from demo.report import find_run, load_run, plot_losses, summary_lines
+from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHART = ROOT / "charts" / "gemma3-ray"
@@ -58,6 +59,7 @@ DEFAULT_ROWS = 240
 # Each run keeps its checkpoints (~1 GiB): older runs beyond this many are removed.
 KEEP_RUNS = 3
 RESULT_FILE = "demo-result.json"
+QUIET_RAY_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging")
 USER_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
 # Flags the demo itself sets on the chart; --set cannot override them.
 DEMO_SET = ("training.model_id", "training.dataset_name")
@@ -99,6 +101,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it is under it (demo-output/...), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _user_cluster() -> str | None:
@@ -257,8 +267,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     png = plot_losses(records, run_dir / "loss.png", f"make demo: tiny Gemma 3, {summary.get('global_step')} steps")
     total_s = time.time() - float(make_start) if make_start else time.time() - started_wall
     label = "make demo total" if make_start else "demo total"
+    report = copy_report(summary, run_storage, run_dir)
     for line in summary_lines(summary, gcs.local_path, png, outcome.wall_s, total_s, label):
         print(line, flush=True)
+    if report is not None:
+        say(f"report: {_shown(report)}")
     result = {
         "run_dir": str(run_dir),
         "summary": summary,
@@ -268,6 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ray_head_pid": head.process.pid if head else None,
         "ray_temp_dir": str(head.temp_dir) if head else None,
         "loss_png": str(png),
+        "report_html": str(report) if report else None,
         "job_log": str(outcome.log_path),
         "storage_uri": storage,
         "storage_dir": str(storage_dir),
@@ -290,9 +304,18 @@ def _sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # run the clean-up (stop the Ray head and storage server by pid)
 
 
+def _quiet() -> None:
+    """The demo process's own noise, off at the source: datasets' progress bar while the sample data is
+    written, and the Ray client's INFO lines about packaging and uploading the working directory."""
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    for name in QUIET_RAY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)
+    _quiet()
     try:
         run(args)
     except DemoError as e:

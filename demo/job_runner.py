@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from demo.chart_job import DemoError
+from demo.job_log import LineSplitter, for_terminal, is_ray_own
 
 PROGRESS_POLL_S = 2.0
 STATUS_POLL_S = 1.0
@@ -58,23 +59,31 @@ def progress_line(rec: dict[str, Any], max_steps: int | None, started: float) ->
 
 
 class _Out:
-    """Writes job output to the terminal and the log file; progress lines to the terminal only."""
+    """All job output to the log file; to the terminal the job's lines except Ray's own logging (indented
+    under a `job |` gutter, so the demo's own lines stand out), and the progress lines."""
 
     def __init__(self, log: TextIO, stream: TextIO = sys.stdout):
-        self.log, self.stream, self.at_line_start = log, stream, True
+        self.log, self.stream = log, stream
+        self.lines, self.hidden = LineSplitter(), 0
+        self.ansi = stream.isatty()
 
     def job(self, text: str) -> None:
         self.log.write(text)
         self.log.flush()
-        self.stream.write(text)
+        self._show(self.lines.feed(text))
+
+    def close(self) -> None:
+        self._show(self.lines.flush())
+
+    def _show(self, lines: list[str]) -> None:
+        for line in lines:
+            if is_ray_own(line):
+                self.hidden += 1
+            else:
+                self.stream.write(for_terminal(line, self.ansi) + "\n")
         self.stream.flush()
-        if text:
-            self.at_line_start = text.endswith("\n")
 
     def note(self, line: str) -> None:
-        if not self.at_line_start:
-            self.stream.write("\n")
-            self.at_line_start = True
         self.stream.write(line + "\n")
         self.stream.flush()
 
@@ -111,7 +120,8 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
             on_tick: Callable[[], None] | None = None, metadata: dict[str, str] | None = None) -> JobOutcome:
     """Submit, stream the logs until the job ends, and return its outcome."""
     submission_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata)
-    print(f"[demo] submitted job {submission_id}; its logs follow", flush=True)
+    print(f"[demo] submitted job {submission_id}; its log follows, without Ray's own logging "
+          f"(all of it: {log_path})", flush=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         out = _Out(log)
@@ -120,6 +130,10 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
         except KeyboardInterrupt:
             client.stop_job(submission_id)
             raise
+        finally:
+            out.close()
+        if out.hidden:
+            out.note(f"[demo] {out.hidden} lines of Ray's own logging and metric dicts are in {log_path} only")
         # The log stream can end a moment before the status turns terminal.
         info = client.get_job_info(submission_id)
         while str(info.status) not in TERMINAL:

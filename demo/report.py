@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from demo.chart_job import DemoError
 from demo.job_runner import read_metrics
 
 SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
 METRICS_FILE = "metrics.jsonl"
 RUNS_DIR = "runs"
 PNG_DPI = 120
@@ -34,6 +36,20 @@ def load_run(storage_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise DemoError(f"the job finished but wrote no {summary_path}: see the job log above")
     summary = json.loads(summary_path.read_text())
     return summary, read_metrics(storage_dir / METRICS_FILE)
+
+
+def copy_report(summary: dict[str, Any], run_storage: Path, run_dir: Path) -> Path | None:
+    """The trainer's report.html (in the run's storage), copied to the demo's run directory; None when the
+    trainer writes none (summary.json names no `report`)."""
+    if not summary.get("report"):
+        return None
+    src = run_storage / REPORT_FILE
+    if not src.is_file():
+        raise DemoError(f"summary.json names {summary['report']} but there is no {src}: see the job log "
+                        f"({run_dir / 'job.log'})")
+    dest = run_dir / REPORT_FILE
+    shutil.copyfile(src, dest)
+    return dest
 
 
 def loss_series(records: list[dict[str, Any]]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -103,6 +119,7 @@ def summary_lines(summary: dict[str, Any], to_local: Callable[[str], Path], png:
         f"  {'samples/s':<20}{_num(summary.get('samples_per_second'), '.2f')}",
         f"  {'newest checkpoint':<20}{where('newest_checkpoint')}",
         f"  {'final adapter':<20}{where('final_adapter')}",
+        f"  {'run report':<20}{where('report')}",
         f"  {'loss curve':<20}{png}",
         f"  {'job wall time':<20}{_num(job_wall_s, '.1f')} s",
     ]

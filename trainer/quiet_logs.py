@@ -1,4 +1,4 @@
-"""Known-irrelevant library log lines, dropped at their logger by exact message (everything else passes).
+"""Known-irrelevant library output: log lines dropped at their logger by exact message, progress bars off.
 
 Standard library only. Each entry names the logger, the message's fixed start, and why it is irrelevant;
 `install()` runs before the library is imported (the filter sits on the logger object the library's
@@ -8,6 +8,7 @@ Standard library only. Each entry names the logger, the message's fixed start, a
 from __future__ import annotations
 
 import logging
+import os
 
 # (logger name, start of the message template, why it does not matter)
 IRRELEVANT: tuple[tuple[str, str, str], ...] = (
@@ -18,6 +19,11 @@ IRRELEVANT: tuple[tuple[str, str, str], ...] = (
         "4-bit on CPU (quantization=4bit needs GPUs) and the pods have no Hub access for kernels",
     ),
 )
+
+
+# Progress bars (tqdm, redrawn with carriage returns) in a job's log are one line per redraw: the Hub's
+# (which transformers' "Loading weights" follows) and datasets'. Set as defaults: an explicit value wins.
+PROGRESS_BAR_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
 
 
 class DropMessage(logging.Filter):
@@ -32,7 +38,9 @@ class DropMessage(logging.Filter):
 
 
 def install() -> None:
-    """Add the filters (idempotent)."""
+    """Add the filters and the progress-bar defaults (idempotent); before transformers/datasets are imported."""
+    for name, value in PROGRESS_BAR_ENV.items():
+        os.environ.setdefault(name, value)
     for name, prefix, _why in IRRELEVANT:
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropMessage) and f.prefix == prefix for f in logger.filters):

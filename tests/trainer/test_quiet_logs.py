@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import quiet_logs
+
+TRAINER = Path(quiet_logs.__file__).resolve().parent
 
 
 @pytest.mark.parametrize(("name", "prefix", "why"), quiet_logs.IRRELEVANT)
@@ -29,3 +34,17 @@ def test_only_that_message_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
         logger.warning(prefix + ": %s. Please make sure you already `pip install kernels`", "no network")
         logger.warning("Something else from bitsandbytes: %s", "kept")
     assert [r.getMessage() for r in caplog.records] == ["Something else from bitsandbytes: kept"]
+
+
+@pytest.mark.slow
+def test_progress_bars_are_off_unless_asked_for() -> None:
+    """In a fresh process (both libraries read the variables at import): off by default, on when set."""
+    code = ("import quiet_logs; quiet_logs.install(); import transformers.utils.logging as tl; "
+            "from datasets.utils import are_progress_bars_disabled as off; print(tl.is_progress_bar_enabled(), off())")
+    env = {k: v for k, v in os.environ.items() if k not in quiet_logs.PROGRESS_BAR_ENV}
+    env["PYTHONPATH"] = str(TRAINER)
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert default.stdout.split() == ["False", "True"]
+    env.update(HF_HUB_DISABLE_PROGRESS_BARS="0", HF_DATASETS_DISABLE_PROGRESS_BARS="0")
+    asked = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert asked.stdout.split() == ["True", "False"]

@@ -7,6 +7,7 @@ inline, images as data URIs, and a Content-Security-Policy that forbids any requ
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 from collections import Counter
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 REPORT_FILE = "report.html"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 CHART_W, CHART_H = 720, 300
 CHART_MARGIN = {"left": 56, "right": 16, "top": 16, "bottom": 40}
@@ -192,10 +195,12 @@ def facts_table(config: dict[str, Any], summary: dict[str, Any]) -> str:
         ("loss", f"train {_fmt(summary.get('first_train_loss'))} -> {_fmt(summary.get('final_train_loss'))}, "
                  f"eval {_fmt(summary.get('first_eval_loss'))} -> {_fmt(summary.get('final_eval_loss'))}"),
     ]
-    startup = summary.get("startup")
+    startup = summary.get("startup")  # the job-start split (startup_timing.py): `<phase>_s` seconds, `from`
     if isinstance(startup, dict) and startup:
-        rows.append(("job start", ", ".join(f"{k} {_seconds(v) if isinstance(v, int | float) else _fmt(v)}"
-                                            for k, v in startup.items())))
+        phases = [f"{k.removesuffix('_s').replace('_', ' ')} {_seconds(v)}" for k, v in startup.items()
+                  if k.endswith("_s") and isinstance(v, int | float)]
+        origin = f" (from {startup['from']})" if startup.get("from") else ""
+        rows.append(("job start", ", ".join(phases) + origin if phases else "-"))
     for key, label in (("final_adapter", "adapter"), ("newest_checkpoint", "newest checkpoint")):
         if summary.get(key):
             rows.append((label, str(summary[key])))
@@ -257,3 +262,44 @@ def build_html(*, run_name: str, status: str, config: dict[str, Any], summary: d
         f"<h2>Samples</h2>{gallery(samples)}"
         "</body></html>\n"
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing it to the run's directory
+# ----------------------------------------------------------------------------------------------
+def read_jsonl(data: bytes | None) -> list[dict[str, Any]]:
+    """Records of a .jsonl file's bytes (a partly written last line is ignored)."""
+    out = []
+    for line in (data or b"").decode(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def final_status(summary: dict[str, Any]) -> str:
+    resumed = summary.get("resumed_from_step")
+    return (f"finished at step {summary.get('global_step')}" + (f" (resumed from step {resumed})" if resumed else "")
+            + (f"; {summary['samples_left_out']} sample rows did not fit the time budget"
+               if summary.get("samples_left_out") else ""))
+
+
+def eval_status(step: int, max_steps: int) -> str:
+    return f"training: step {step} of {max_steps} (this page is refreshed at each evaluation and at the end)"
+
+
+def write(storage: Any, *, run_name: str, status: str, config: dict[str, Any], summary: dict[str, Any] | None,
+          records: Sequence[dict[str, Any]] | None = None, samples: Sequence[dict[str, Any]] | None = None) -> str:
+    """Render and store report.html in the run's directory (`storage`: write_bytes/read_bytes/uri); its URI.
+
+    Records and samples left as None are read from the run's metrics.jsonl and samples.jsonl.
+    """
+    if records is None:
+        records = read_jsonl(storage.read_bytes(METRICS_FILE))
+    if samples is None:
+        samples = read_jsonl(storage.read_bytes(SAMPLES_FILE))
+    page = build_html(run_name=run_name, status=status, config=config, summary=summary, records=records,
+                      samples=samples)
+    storage.write_bytes(REPORT_FILE, page.encode())
+    return storage.uri(REPORT_FILE)

@@ -18,7 +18,6 @@ from typing import Any
 
 from run_report import token_f1
 
-SAMPLES_FILE = "samples.jsonl"
 THUMBNAIL_PX = 160
 THUMBNAIL_JPEG_QUALITY = 80
 
@@ -31,6 +30,12 @@ class SampleSettings:
     max_new_tokens: int
     batch_size: int
     budget_s: float
+
+
+def settings_of(args: Any) -> SampleSettings:
+    """The sample_* flags of the job's arguments."""
+    return SampleSettings(rows=args.sample_rows, max_new_tokens=args.sample_max_new_tokens,
+                          batch_size=args.sample_batch_size, budget_s=args.sample_time_budget_s)
 
 
 def pick_rows(n_available: int, n: int) -> list[int]:
@@ -162,5 +167,14 @@ def to_jsonl(records: Sequence[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in records).encode()
 
 
-def read_jsonl(data: bytes | None) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (data or b"").decode().splitlines() if line.strip()]
+def eval_samples(trainer, settings: SampleSettings, load_image: Callable[[dict[str, Any]], Any],
+                 answer_field: str = "answer", log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """`collect_samples` on the fixed eval rows of an SFTTrainer (its eval split and collator's encoder)."""
+    evaluation = trainer.eval_dataset
+    if evaluation is None or settings.rows <= 0:
+        return []
+    ids = pick_rows(len(evaluation), settings.rows)
+    rows = [evaluation[i] for i in ids]
+    images = [load_image(r) for r in rows]
+    return collect_samples(trainer.model, trainer.data_collator.encoder, rows, images, ids, settings,
+                           answer_field, log)

@@ -1,0 +1,131 @@
+"""The READMEs' command examples name what exists: plugin commands and flags its parser accepts,
+trainer flags the trainer's parser accepts, Makefile targets, demo flags, chart value keys, files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+READMES = sorted({ROOT / "README.md", *ROOT.glob("*/README.md"), *ROOT.glob("*/*/README.md")})
+SCHEMA = json.loads((ROOT / "charts" / "gemma3-ray" / "values.schema.json").read_text())
+FENCE = re.compile(r"^```(?:bash|sh|console)\n(.*?)^```", re.M | re.S)
+PLACEHOLDER = re.compile(r"<[^<>\n]+>")
+SET_FLAG = re.compile(r"--set(?:-string|-json)?[ =]([A-Za-z_][\w.-]*)=")
+
+
+def _commands(readme: Path) -> Iterator[tuple[str, list[str]]]:
+    """Every shell command of the README's bash blocks, as (the line, its words); `a && b` are two."""
+    for block in FENCE.findall(readme.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = PLACEHOLDER.sub("PLACEHOLDER", line)
+            words = shlex.split(line, comments=True)
+            while words:
+                cut = words.index("&&") if "&&" in words else len(words)
+                yield line.strip(), words[:cut]
+                words = words[cut + 1:]
+
+
+COMMANDS = [(readme.relative_to(ROOT).as_posix(), line, words)
+            for readme in READMES for line, words in _commands(readme)]
+
+
+def _of(*programs: str) -> list[tuple[str, str, list[str]]]:
+    return [(r, line, words) for r, line, words in COMMANDS if words and words[0] in programs]
+
+
+def _plugin_argv(words: list[str]) -> list[str]:
+    return words[2:] if words[0] == "helm" else words[1:]
+
+
+PLUGIN = [c for c in _of("gemma3-ray", ".venv/bin/gemma3-ray", "helm") if c[2][0] != "helm" or c[2][1:2] == ["gemma3-ray"]]
+
+
+@pytest.fixture(scope="module")
+def trainer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gemma3_ray_readme_trainer", ROOT / "trainer" / "vision_train.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readmes_have_the_examples_this_test_reads() -> None:
+    assert len(PLUGIN) >= 12 and _of("python") and _of("make") and _of("helm")
+
+
+@pytest.mark.parametrize(("readme", "line", "words"), PLUGIN, ids=[c[1] for c in PLUGIN])
+def test_plugin_examples_parse(readme: str, line: str, words: list[str]) -> None:
+    from gemma3_ray.cli import build_parser
+
+    argv = _plugin_argv(words)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help exits 0; a rejected flag exits 2
+        assert exc.code == 0 and "--help" in argv, f"{readme}: `{line}` is not accepted by the plugin's parser"
+        return
+    assert callable(args.handler), f"{readme}: `{line}`"
+
+
+def test_trainer_examples_parse(trainer: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = [c for c in _of("python") if c[2][1:2] == ["trainer/vision_train.py"]]
+    assert runs
+    monkeypatch.setenv("HF_TOKEN", "only-so-push_to_hub-validation-can-pass")
+    for readme, line, words in runs:
+        try:
+            trainer.parse_args(words[2:])
+        except (trainer.UsageError, SystemExit) as exc:
+            pytest.fail(f"{readme}: `{line}` is rejected by the trainer: {exc}")
+
+
+def test_make_examples_name_existing_targets() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w.-]+):", makefile, re.M))
+    for readme, line, words in _of("make"):
+        for word in words[1:]:
+            if "=" not in word and not word.startswith("-"):
+                assert word in targets, f"{readme}: `{line}`: the Makefile has no target {word}"
+
+
+def test_demo_args_in_readmes_are_demo_flags() -> None:
+    from demo.__main__ import parse_args
+
+    found = [args for readme in READMES
+             for _, args in re.findall(r"make\s+demo\s+ARGS=(['\"])(.*?)\1", readme.read_text())]
+    assert found
+    for args in found:
+        parse_args(shlex.split(args))  # exits 2 (fails the test) on an unknown flag
+
+
+def _schema_has(path: list[str]) -> bool:
+    node = SCHEMA
+    for key in path:
+        props = node.get("properties", {})
+        if key not in props:
+            return False
+        node = props[key]
+    return True
+
+
+def test_every_set_key_in_the_readmes_is_a_chart_value() -> None:
+    found = [(r.relative_to(ROOT).as_posix(), key) for r in READMES for key in SET_FLAG.findall(r.read_text())]
+    assert found
+    bad = [f"{r}: --set {key}" for r, key in found if not _schema_has(key.split("."))]
+    assert not bad, f"not a key of charts/gemma3-ray/values.schema.json: {bad}"
+
+
+def test_files_the_examples_pass_exist() -> None:
+    """`-f values/X.yaml`, `--values`, chart directories and scripts named in the examples exist."""
+    for readme, line, words in COMMANDS:
+        for word in words:
+            if re.fullmatch(r"(values|charts|images|trainer|bench|scripts|plugin)/[\w./-]*", word) or word == "./plugin":
+                assert (ROOT / word).exists(), f"{readme}: `{line}` names {word}, which does not exist"

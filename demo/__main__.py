@@ -2,10 +2,12 @@
 
 1. ``helm template`` renders charts/gemma3-ray with values/local.yaml (the tiny model and sample
    data paths, and optionally ``--max_steps``/``--set``, are passed as overrides).
-2. The trainer files come from the rendered trainer ConfigMap, the entry point and runtime env from
-   the rendered RayJob. Only the ConfigMap's mount path in the entry point changes (to the job's
-   working directory, which holds exactly the ConfigMap's files). The runtime env's pip pins are
-   checked against this Python and left out of the submission (no installs on a local cluster).
+2. The trainer files come from the rendered trainer ConfigMap (written in the kubelet's volume
+   layout, as the job submitter pod sees them), the entry point and runtime env from the rendered
+   RayJob. The runtime env's working_dir (the submitter's mount of the ConfigMap) becomes that local
+   copy, which Ray packages and uploads as the job's working directory, exactly as the submitter's
+   `ray job submit` does. The pip pins are checked against this Python and left out of the
+   submission (no installs on a local cluster).
 3. A local Ray head on 127.0.0.1 (or the cluster in ``RAY_ADDRESS``) runs the job through the Ray
    Jobs API; the run's ``gs://`` storage is served by a local fake-gcs-server, on disk.
 4. A summary, a loss-curve PNG and the timings close the run; the Ray head and the storage server
@@ -31,7 +33,6 @@ from demo.chart_job import (
     DemoError,
     as_kuberay_submits,
     local_runtime_env,
-    localize_entrypoint,
     parse_chart_job,
     render_chart,
     write_files,
@@ -189,10 +190,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     job = parse_chart_job(rendered)
     trainer_dir = run_dir / "trainer"
     written = write_files(job, trainer_dir)
-    entrypoint = as_kuberay_submits(localize_entrypoint(job.entrypoint, job.mount_path, "."))
-    say(f"2/4 ConfigMap {job.configmap_name}: {', '.join(p.name for p in written)} -> {trainer_dir}")
-    say(f"    RayJob entry point, as KubeRay's submitter passes it (mount path {job.mount_path} -> the job's "
-        "working directory, which holds the ConfigMap's files):")
+    entrypoint = as_kuberay_submits(job.entrypoint)
+    say(f"2/4 ConfigMap {job.configmap_name}: {', '.join(p.name for p in written)} -> {trainer_dir} "
+        "(the kubelet's ..data layout)")
+    say(f"    RayJob entry point, as KubeRay's submitter passes it (run in the job's working directory: the "
+        f"ConfigMap's files, mounted at {job.mount_path} in the submitter pod):")
     print(f"      {entrypoint}", flush=True)
     storage = job.storage_path
     if not storage.startswith("gs://"):
@@ -216,7 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             + (f" except {'; '.join(exempt)}" if exempt else "")
             + " -> submitted WITHOUT pip (nothing is installed into the local cluster)"
         )
-        say(f"    runtime env: + working_dir {trainer_dir}; + env STORAGE_EMULATOR_HOST={gcs.url}, "
+        say(f"    runtime env: working_dir {job.mount_path} -> {trainer_dir} (excludes {runtime_env.get('excludes')}: the "
+            f"kubelet's ..data entries); + env STORAGE_EMULATOR_HOST={gcs.url}, "
             f"HF_HOME={extra_env['HF_HOME']}")
         say(f"    storage {storage} -> the local fake-gcs-server, on disk under {gcs.root}")
 
@@ -290,6 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "run_storage_dir": str(run_storage),
         "configmap": job.configmap_name,
         "mount_path": job.mount_path,
+        "job_working_dir_uri": outcome.working_dir_uri,
         "rendered_entrypoint": job.entrypoint,
         "submitted_entrypoint": entrypoint,
         "submitted_runtime_env": {k: v for k, v in runtime_env.items() if k != "working_dir"},

@@ -2,16 +2,17 @@
 
 ``helm template`` renders the chart; this module takes the trainer files from the rendered trainer
 ConfigMap, the entry point and runtime environment from the rendered RayJob, and the path where the
-pods mount that ConfigMap from the RayJob's own pod templates. Nothing here knows the chart's
-internals beyond the Kubernetes objects it renders.
+job submitter pod mounts that ConfigMap (the runtime env's working_dir, which ``ray job submit``
+uploads) from the RayJob's submitter pod template. Nothing here knows the chart's internals beyond
+the Kubernetes objects it renders.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 import subprocess
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class ChartJob:
     rendered: str
     configmap_name: str
     files: dict[str, str]
-    mount_path: str
+    mount_path: str  # where the submitter pod mounts the ConfigMap: the runtime env's working_dir
     entrypoint: str
     runtime_env: dict[str, Any]
     flags: dict[str, str] = field(default_factory=dict)
@@ -78,28 +79,20 @@ def _one(docs: list[dict[str, Any]], what: str, pred) -> dict[str, Any]:
     return found[0]
 
 
-def _pod_templates(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    cluster = spec.get("rayClusterSpec") or {}
-    groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]
-    return [g["template"] for g in groups if g.get("template")]
-
-
-def _mount_path(rayjob: dict[str, Any], configmap_name: str) -> str:
-    """Where the pods mount the trainer ConfigMap (the same path in every pod that mounts it)."""
-    paths = set()
-    for template in _pod_templates(rayjob["spec"]):
-        pod = template.get("spec") or {}
-        volumes = {v["name"] for v in pod.get("volumes") or [] if (v.get("configMap") or {}).get("name") == configmap_name}
-        for container in pod.get("containers") or []:
-            for mount in container.get("volumeMounts") or []:
-                if mount["name"] in volumes:
-                    paths.add(mount["mountPath"].rstrip("/"))
-    if len(paths) != 1:
+def _mount_path(rayjob: dict[str, Any], configmap_name: str, runtime_env: dict[str, Any]) -> str:
+    """Where the submitter pod mounts the trainer ConfigMap; it must be the runtime env's working_dir."""
+    pod = (rayjob["spec"].get("submitterPodTemplate") or {}).get("spec") or {}
+    volumes = {v["name"] for v in pod.get("volumes") or [] if (v.get("configMap") or {}).get("name") == configmap_name}
+    paths = {m["mountPath"].rstrip("/") for c in pod.get("containers") or [] for m in c.get("volumeMounts") or []
+             if m["name"] in volumes}
+    working_dir = str(runtime_env.get("working_dir") or "").rstrip("/")
+    if len(paths) != 1 or paths != {working_dir}:
         raise DemoError(
-            f"the rendered RayJob mounts ConfigMap {configmap_name} at {sorted(paths) or 'no path'}; "
-            "the demo needs one mount path (render in ephemeral mode: values/local.yaml sets mode: ephemeral)"
+            f"the rendered RayJob's submitter mounts ConfigMap {configmap_name} at {sorted(paths) or 'no path'} and its "
+            f"runtime env's working_dir is {working_dir or 'unset'}; the job must carry the ConfigMap's files as its "
+            "working_dir (one mount, the same path)"
         )
-    return paths.pop()
+    return working_dir
 
 
 def parse_flags(entrypoint: str) -> dict[str, str]:
@@ -135,7 +128,7 @@ def parse_chart_job(rendered: str) -> ChartJob:
         rendered=rendered,
         configmap_name=name,
         files=files,
-        mount_path=_mount_path(rayjob, name),
+        mount_path=_mount_path(rayjob, name, runtime_env),
         entrypoint=spec["entrypoint"],
         runtime_env=runtime_env,
         flags=parse_flags(spec["entrypoint"]),
@@ -143,28 +136,26 @@ def parse_chart_job(rendered: str) -> ChartJob:
 
 
 def write_files(job: ChartJob, dest: Path) -> list[Path]:
-    """Write the ConfigMap's files to ``dest`` exactly as the pods would see them."""
+    """Write the ConfigMap's files to ``dest`` as the submitter pod sees them (the kubelet's layout).
+
+    The kubelet writes a ConfigMap volume atomically: the files in a timestamped ``..<time>/``
+    directory, a ``..data`` link to it, and one link per key into ``..data/``. Returns the key links.
+    """
     dest.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("..%Y_%m_%d_%H_%M_%S.%f")
+    (dest / stamp).mkdir()
     out = []
     for name, text in sorted(job.files.items()):
         if "/" in name or name.startswith("."):
             raise DemoError(f"unexpected file name {name!r} in the trainer ConfigMap")
-        path = dest / name
-        path.write_bytes(text.encode())
-        out.append(path)
+        real = dest / stamp / name
+        real.write_bytes(text.encode())
+        real.chmod(0o444)
+        out.append(dest / name)
+    (dest / "..data").symlink_to(stamp)
+    for path in out:
+        path.symlink_to(f"..data/{path.name}")
     return out
-
-
-def localize_entrypoint(entrypoint: str, mount_path: str, working_dir: str = ".") -> str:
-    """The entry point with the ConfigMap's mount path replaced by the job's working directory.
-
-    Only path words that start with the mount path change; every flag stays byte-for-byte.
-    """
-    pattern = re.compile(r"(?<![\w./-])" + re.escape(mount_path) + r"(?=/|\s|$)")
-    localized, count = pattern.subn(working_dir, entrypoint)
-    if count == 0:
-        raise DemoError(f"the RayJob entry point does not use the trainer mount path {mount_path}: {entrypoint}")
-    return localized
 
 
 def as_kuberay_submits(entrypoint: str) -> str:
@@ -225,9 +216,9 @@ def local_runtime_env(job: ChartJob, working_dir: Path, extra_env: dict[str, str
             "the chart's runtime env pins packages this Python does not have:\n"
             f"{lines}\nrun `make setup` (it installs trainer/requirements.txt into .venv)"
         )
-    unknown = set(env) - {"env_vars", "config"}
+    unknown = set(env) - {"env_vars", "config", "working_dir", "excludes"}
     if unknown:
         raise DemoError(f"the rendered runtime env has fields the demo does not reproduce: {sorted(unknown)}")
-    env["working_dir"] = str(working_dir)
+    env["working_dir"] = str(working_dir)  # the submitter's mount of the ConfigMap, here a local copy
     env["env_vars"] = {**(env.get("env_vars") or {}), **extra_env}
     return env, checks

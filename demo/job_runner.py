@@ -30,6 +30,7 @@ class JobOutcome:
     message: str
     wall_s: float | None
     log_path: Path
+    working_dir_uri: str = ""  # the package Ray made of the runtime env's working_dir (gcs://_ray_pkg_<hash>.zip)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -142,7 +143,8 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
             time.sleep(STATUS_POLL_S)
             info = client.get_job_info(submission_id)
     wall = (info.end_time - info.start_time) / 1000.0 if info.end_time and info.start_time else None
-    return JobOutcome(submission_id, str(info.status), info.message or "", wall, log_path)
+    uploaded = str((info.runtime_env or {}).get("working_dir") or "")
+    return JobOutcome(submission_id, str(info.status), info.message or "", wall, log_path, uploaded)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -61,7 +61,7 @@ def _allowed(finding: dict[str, Any]) -> bool:
     return any(
         finding["check_id"] == s["check"]
         and finding["resource"].endswith(s["resource"])
-        and Path(finding["file_path"]).name == s["file"]
+        and Path(finding["file_path"]).name == s.get("file", Path(finding["file_path"]).name)
         for s in SKIPS["per_resource"]
     )
 

@@ -29,6 +29,8 @@ def all_pod_specs(r: Render) -> list[tuple[str, dict[str, Any]]]:
             out.append(("submitter", doc["spec"]["submitterPodTemplate"]["spec"]))
         if doc["kind"] == "Pod":
             out.append(("test", doc["spec"]))
+        if doc["kind"] == "Job":
+            out.append(("cleanup", doc["spec"]["template"]["spec"]))
     return out
 
 
@@ -79,10 +81,12 @@ def test_ephemeral_is_the_default_mode() -> None:
     assert yaml.safe_load((VALUES_DIR / "tutorial.yaml").read_text())["mode"] == "persistent"
 
 
-def test_rayjob_is_a_hook_recreated_on_every_install_and_upgrade(renders: dict[str, Render]) -> None:
+def test_rayjob_is_a_hook_recreated_on_every_install_upgrade_and_rollback(renders: dict[str, Render]) -> None:
+    """Helm re-runs only post-rollback hooks on `helm rollback`: without it the live RayJob kept the
+    newer revision's flags and files (issue #10, failure 1)."""
     for name, r in renders.items():
         ann = r.one("RayJob")["metadata"]["annotations"]
-        assert ann[HOOK] == "post-install,post-upgrade", name
+        assert ann[HOOK] == "post-install,post-upgrade,post-rollback", name
         assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation", name
         spec = r.one("RayJob")["spec"]
         assert spec["submissionMode"] == "K8sJobMode" and spec["activeDeadlineSeconds"] >= 1
@@ -90,17 +94,48 @@ def test_rayjob_is_a_hook_recreated_on_every_install_and_upgrade(renders: dict[s
         assert spec["submitterPodTemplate"]["spec"]["containers"][0]["resources"]["limits"]
 
 
-def test_only_hooks_survive_uninstall_and_notes_name_them(renders: dict[str, Render]) -> None:
+CLEANUP_KINDS = ["Job", "Role", "RoleBinding", "ServiceAccount"]
+CLEANUP_HOOK = "pre-upgrade,pre-rollback,pre-delete"
+
+
+def test_every_hook_is_removed_by_uninstall_or_its_own_policy(renders: dict[str, Render]) -> None:
+    """Hooks are unmanaged: `helm uninstall` never deletes them. The cleanup hook's objects go by
+    their hook-succeeded policy, the RayJob is deleted by that hook, and the helm-test pod by its
+    policy (a failed one is left for inspection; NOTES give its command)."""
     for name, r in renders.items():
         for doc in r.docs:
             ann = doc["metadata"].get("annotations", {})
             assert "helm.sh/resource-policy" not in ann, (name, doc["kind"])
-        hooks = sorted(d["kind"] for d in r.docs if HOOK in d["metadata"].get("annotations", {}))
-        assert hooks in (["Pod", "RayJob"], ["RayJob"]), (name, hooks)
+        hooks = {(d["kind"], d["metadata"]["annotations"][HOOK]): d["metadata"]["annotations"] for d in r.docs
+                 if HOOK in d["metadata"].get("annotations", {})}
+        cleanup = sorted(k for k, h in hooks if h == CLEANUP_HOOK)
+        assert cleanup == CLEANUP_KINDS, (name, cleanup)
+        for (kind, hook), ann in hooks.items():
+            if hook == CLEANUP_HOOK:
+                assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded", (name, kind)
+        assert {k for k, h in hooks if h != CLEANUP_HOOK} <= {"RayJob", "Pod"}, (name, hooks)
     text = notes(VALUES_DIR / "tutorial.yaml")
-    assert f"kubectl -n {NAMESPACE} delete rayjob {FULLNAME}" in text
+    assert "delete rayjob" not in text, "NOTES must not ask for a manual RayJob deletion"
     assert f"kubectl -n {NAMESPACE} delete pod {FULLNAME}-test-head" in text
     assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in text
+
+
+def test_cleanup_hook_may_touch_only_this_releases_rayjob(renders: dict[str, Render]) -> None:
+    for name, r in renders.items():
+        role = r.one("Role")
+        assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"],
+                                  "resourceNames": [r.one("RayJob")["metadata"]["name"]], "verbs": ["get", "delete"]}], name
+        (binding,) = r.kinds("RoleBinding")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULLNAME}-cleanup", "namespace": NAMESPACE}]
+        pod = r.one("Job")["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == f"{FULLNAME}-cleanup" and pod["automountServiceAccountToken"] is True
+        head_image = r.one("RayJob")["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["image"]
+        assert pod["containers"][0]["image"] == head_image, "the cleanup runs the image the cluster already pulled"
+        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+        assert env["RAYJOB_NAME"] == r.one("RayJob")["metadata"]["name"] and env["NAMESPACE"] == NAMESPACE
+        program = (CHART / "files" / "cleanup" / "delete_rayjob.py").read_text()
+        assert pod["containers"][0]["command"] == ["python", "-c", program]
 
 
 # ---------------------------------------------------------------- the tutorial's shape
@@ -125,9 +160,10 @@ def test_tutorial_values_reproduce_the_tutorial_shape(renders: dict[str, Render]
         "cloud.google.com/reservation-name": "my-b200-reservation",
         "cloud.google.com/reservation-affinity": "specific",
     }
-    sa = r.one("ServiceAccount")
+    (sa,) = [s for s in r.kinds("ServiceAccount") if s["metadata"]["name"] == FULLNAME]
     assert sa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": "gemma3-ray@my-project.iam.gserviceaccount.com"}
-    assert sorted(d["kind"] for d in r.docs) == ["ConfigMap", "Pod", "RayCluster", "RayJob", "Service", "ServiceAccount"]
+    assert sorted(d["kind"] for d in r.docs) == ["ConfigMap", "Job", "Pod", "RayCluster", "RayJob", "Role", "RoleBinding",
+                                                  "Service", "ServiceAccount", "ServiceAccount"]
 
 
 # ---------------------------------------------------------------- capacity
@@ -206,7 +242,7 @@ def test_security_defaults_on_every_pod(renders: dict[str, Render]) -> None:
             assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 1000, (name, where)
             assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, (name, where)
             autoscaling_head = where.endswith("head") and "enableInTreeAutoscaling" in str(r.docs)
-            if not autoscaling_head:
+            if not autoscaling_head and where != "cleanup":
                 assert spec["automountServiceAccountToken"] is False, (name, where)
             for c in spec["containers"]:
                 sc = c["securityContext"]
@@ -293,9 +329,9 @@ def test_token_value_lands_only_in_the_secret(renders: dict[str, Render]) -> Non
 
 def test_existing_service_account_is_used_not_created(renders: dict[str, Render]) -> None:
     r = renders["token-extras-values.yaml"]
-    assert not r.kinds("ServiceAccount")
+    assert [sa["metadata"]["name"] for sa in r.kinds("ServiceAccount")] == [f"{FULLNAME}-cleanup"]
     for where, spec in all_pod_specs(r):
-        if where != "test":
+        if where not in ("test", "cleanup"):
             assert spec["serviceAccountName"] == "existing-training-sa", where
 
 

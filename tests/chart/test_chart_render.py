@@ -31,6 +31,7 @@ PARALLEL_HELM = 4
 CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
 TUTORIAL = VALUES_DIR / "tutorial.yaml"
 MOUNT = "/home/ray/trainer"
+ENTRY = ["python", "vision_train.py"]
 REQUIREMENTS = CHART / "files" / "trainer" / "requirements.txt"
 DERIVED = ("num_workers", "use_gpu", "storage_path")
 
@@ -51,7 +52,7 @@ def entrypoint_argv(render: Render) -> list[str]:
 
 def flags(render: Render) -> dict[str, str]:
     argv = entrypoint_argv(render)
-    assert argv[:2] == ["python", f"{MOUNT}/vision_train.py"], argv[:2]
+    assert argv[:2] == ENTRY, argv[:2]
     out: dict[str, str] = {}
     for word in argv[2:]:
         assert word.startswith("--") and "=" in word, word
@@ -164,11 +165,32 @@ def test_trainer_configmap_carries_the_files_and_a_content_hash(renders: dict[st
     assert cm["data"] == files, "the ConfigMap must hold the trainer files byte for byte"
     assert cm["immutable"] is True
     assert re.fullmatch(rf"{RELEASE}-gemma3-ray-trainer-[0-9a-f]{{10}}", cm["metadata"]["name"])
-    for _, tpl in pod_templates(r.one("RayCluster")):
-        (vol,) = [v for v in tpl["spec"]["volumes"] if v["name"] == "trainer"]
-        assert vol["configMap"]["name"] == cm["metadata"]["name"]
-        (mount,) = [m for m in containers(tpl)[0]["volumeMounts"] if m["name"] == "trainer"]
-        assert mount == {"name": "trainer", "mountPath": MOUNT, "readOnly": True}
+
+
+@pytest.mark.parametrize("name", ["tutorial.yaml", "default-values.yaml"])
+def test_the_job_carries_its_code_and_no_ray_pod_mounts_it(renders: dict[str, Render], name: str) -> None:
+    """Persistent mode ran stale code (issue #10, failure 3): KubeRay does not recreate a RayCluster's
+    pods when its pod template changes (ray-operator/controllers/ray/raycluster_controller.go,
+    reconcilePods: pods are recreated for a spec change only with spec.upgradeStrategy.type=Recreate,
+    shouldRecreatePodsForUpgrade, KubeRay >= 1.6; v1.4.2 has no such path). So no Ray pod mounts the
+    trainer: the submitter pod does, and its `ray job submit` uploads that directory as the runtime
+    env's working_dir (KubeRay uses the submitterPodTemplate as given and only fills in the command:
+    rayjob_controller.go, getSubmitterTemplate → common.GetSubmitterTemplate, configureSubmitterContainer)."""
+    r = renders[name]
+    cm = r.one("ConfigMap")["metadata"]["name"]
+    job = r.one("RayJob")
+    for doc in r.kinds("RayCluster") + [job]:
+        for role, tpl in pod_templates(doc):
+            assert cm not in json.dumps(tpl), (doc["kind"], role)
+            assert all(v["name"] != "trainer" for v in tpl["spec"]["volumes"]), (doc["kind"], role)
+    sub = job["spec"]["submitterPodTemplate"]["spec"]
+    (vol,) = [v for v in sub["volumes"] if v["name"] == "trainer"]
+    assert vol == {"name": "trainer", "configMap": {"name": cm, "defaultMode": 0o444}}
+    (mount,) = [m for m in containers({"spec": sub})[0]["volumeMounts"] if m["name"] == "trainer"]
+    assert mount == {"name": "trainer", "mountPath": MOUNT, "readOnly": True}
+    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
+    assert env["working_dir"] == MOUNT and env["excludes"] == ["..*"]
+    assert entrypoint_argv(r)[:2] == ENTRY, "the entry script runs from the job's working directory"
 
 
 def test_configmap_name_changes_when_a_trainer_file_changes(tmp_path: Path) -> None:
@@ -246,7 +268,7 @@ def test_entrypoint_survives_both_shells_of_a_ray_job(renders: dict[str, Render]
     """KubeRay's submitter runs `ray job submit -- <entrypoint>` in bash; `ray job submit` re-joins
     the words with subprocess.list2cmdline and the job supervisor runs that with /bin/sh."""
     entrypoint = renders[name].one("RayJob")["spec"]["entrypoint"]
-    prefix = f"python {MOUNT}/vision_train.py "
+    prefix = " ".join(ENTRY) + " "
     assert entrypoint.startswith(prefix)
     expected = entrypoint_argv(renders[name])[2:]
     first = sh_words(entrypoint[len(prefix):])

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from demo import __main__ as demo_main
-from demo.chart_job import DemoError, as_kuberay_submits, localize_entrypoint, parse_chart_job, render_chart
+from demo.chart_job import DemoError, as_kuberay_submits, parse_chart_job, render_chart
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
@@ -112,16 +112,26 @@ def test_loss_png_is_a_real_image(short_run: dict) -> None:
 @pytest.mark.slow
 def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
     """The files the job ran are byte-for-byte the rendered ConfigMap's; its command is the RayJob's."""
+    from ray._private.runtime_env.packaging import get_uri_for_directory
+
     rendered = (Path(short_run["run_dir"]) / "rendered.yaml").read_text()
     job = parse_chart_job(rendered)
     trainer_dir = Path(short_run["trainer_dir"])
-    assert sorted(p.name for p in trainer_dir.iterdir()) == sorted(job.files)
+    assert sorted(p.name for p in trainer_dir.iterdir() if not p.name.startswith("..")) == sorted(job.files)
+    assert (trainer_dir / "..data").is_symlink(), "the demo writes the kubelet's ConfigMap volume layout"
     for name, text in job.files.items():
         assert (trainer_dir / name).read_bytes() == text.encode(), name
-    # The command: the rendered entry point with only the mount path replaced.
+    # Ray packaged exactly the ConfigMap's files, once each: its content hash equals that of a plain
+    # directory holding only them.
+    plain = Path(short_run["run_dir"]) / "plain-trainer"
+    plain.mkdir()
+    for name, text in job.files.items():
+        (plain / name).write_bytes(text.encode())
+    assert short_run["job_working_dir_uri"] == get_uri_for_directory(str(plain), include_gitignore=True)
+    # The command: the rendered entry point, as KubeRay's submitter passes it.
     assert short_run["rendered_entrypoint"] == job.entrypoint
-    assert short_run["submitted_entrypoint"] == as_kuberay_submits(localize_entrypoint(job.entrypoint, job.mount_path))
-    assert shlex.split(short_run["submitted_entrypoint"])[1] == "./vision_train.py"
+    assert short_run["submitted_entrypoint"] == as_kuberay_submits(job.entrypoint)
+    assert shlex.split(short_run["submitted_entrypoint"])[1] == "vision_train.py"
     words = shlex.split(job.entrypoint)[2:]
     assert shlex.split(short_run["submitted_entrypoint"])[2:] == words
     assert f"--max_steps={SHORT_STEPS}" in words
@@ -200,7 +210,8 @@ def test_unreachable_ray_address_is_not_replaced_silently(tmp_path: Path, capsys
 def test_rendered_local_values_give_the_demo_what_it_needs() -> None:
     job = parse_chart_job(render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"}))
     assert set(job.files) >= {"vision_train.py", "requirements.txt"}
-    assert job.entrypoint.startswith(f"python {job.mount_path}/vision_train.py ")
+    assert job.entrypoint.startswith("python vision_train.py ")
+    assert job.runtime_env["working_dir"] == job.mount_path == "/home/ray/trainer"
     assert job.storage_path.startswith("gs://")
     assert job.flags["use_gpu"] == "false" and job.num_workers == 2
     pins = job.runtime_env["pip"]["packages"]
@@ -214,10 +225,13 @@ def test_bad_values_fail_with_helms_message(tmp_path: Path) -> None:
         render_chart(HELM, CHART, bad)
 
 
-def test_entrypoint_mount_path_is_the_only_change() -> None:
-    ep = "python /home/ray/trainer/vision_train.py --a=1 --prompt='x /home/ray/trainerish' --b=/home/ray/trainer/cfg.json"
-    assert localize_entrypoint(ep, "/home/ray/trainer") == (
-        "python ./vision_train.py --a=1 --prompt='x /home/ray/trainerish' --b=./cfg.json"
-    )
-    with pytest.raises(DemoError, match="mount path"):
-        localize_entrypoint("python /elsewhere/vision_train.py", "/home/ray/trainer")
+def test_a_job_that_does_not_carry_its_code_is_refused() -> None:
+    """The demo runs the ConfigMap as the job's working_dir only if the chart's RayJob does too."""
+    rendered = render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"})
+    docs = list(yaml.safe_load_all(rendered))
+    (job,) = [d for d in docs if d and d["kind"] == "RayJob"]
+    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
+    env["working_dir"] = "/elsewhere"
+    job["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env)
+    with pytest.raises(DemoError, match="working_dir"):
+        parse_chart_job(yaml.safe_dump_all(docs))

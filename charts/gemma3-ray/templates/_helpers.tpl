@@ -88,6 +88,25 @@ helm.sh/chart: {{ include "gemma3-ray.chart" .root }}
 {{- include "gemma3-ray.fullname" . -}}
 {{- end -}}
 
+{{/* The cleanup hook's Job, ServiceAccount, Role and RoleBinding. */}}
+{{- define "gemma3-ray.cleanupName" -}}
+{{- printf "%s-cleanup" (include "gemma3-ray.fullname" .) -}}
+{{- end -}}
+
+{{/*
+Annotations of the cleanup hook's objects. It runs before every upgrade, rollback and uninstall, so
+the running job is stopped and gone (its cluster too) before the next revision's job starts or the
+release's objects go: Helm 4 does not wait for a deleted hook to disappear before it applies the
+new one, and KubeRay's finalizer keeps a deleted RayJob for a moment, so the new RayJob would be
+applied onto the terminating one and vanish with it. Deleted by Helm when the hook succeeded (or
+before a retry creates them again). Arguments: dict "weight" "<n>".
+*/}}
+{{- define "gemma3-ray.cleanupHookAnnotations" -}}
+helm.sh/hook: pre-upgrade,pre-rollback,pre-delete
+helm.sh/hook-weight: {{ .weight | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
+
 {{/* ---------------------------------------------------------------- versions and images */}}
 
 {{- define "gemma3-ray.requirements" -}}
@@ -145,12 +164,21 @@ head's own (default: stock Ray) image.
 {{/* ---------------------------------------------------------------- trainer code and flags */}}
 
 {{/*
-Where the trainer ConfigMap is mounted in every Ray pod (read-only). The RayJob entrypoint is
-`python <this>/vision_train.py --flag=value ...`; tools that run the entrypoint elsewhere
-replace this path with their own copy of the files.
+Where the job submitter pod mounts the trainer ConfigMap (read-only). No Ray pod mounts it: the
+submitter's `ray job submit` uploads this directory as the job's runtime-env working_dir, so every
+job carries exactly its revision's files to the cluster and runs them from its working directory.
 */}}
 {{- define "gemma3-ray.trainerMountPath" -}}
 /home/ray/trainer
+{{- end -}}
+
+{{/*
+The kubelet writes a ConfigMap volume as symlinks into `..data/`, itself a link to a timestamped
+`..<time>/` directory (ConfigMap keys cannot start with ".."): the working_dir upload skips those,
+so the package holds each file once, by its own name.
+*/}}
+{{- define "gemma3-ray.workingDirExcludes" -}}
+{{- toJson (list "..*") -}}
 {{- end -}}
 
 {{/* The trainer ConfigMap name carries a hash of the files' names and contents. */}}
@@ -232,8 +260,9 @@ sorted order, each as one shell-quoted --key=value word.
 {{- join " " $args -}}
 {{- end -}}
 
+{{/* The job's command, run in its working directory (the trainer files, see trainerMountPath). */}}
 {{- define "gemma3-ray.entrypoint" -}}
-{{- printf "python %s/vision_train.py %s" (include "gemma3-ray.trainerMountPath" .) (include "gemma3-ray.trainerArgs" .) -}}
+{{- printf "python vision_train.py %s" (include "gemma3-ray.trainerArgs" .) -}}
 {{- end -}}
 
 {{/*
@@ -256,6 +285,8 @@ them). Always `config.setup_timeout_seconds`.
 {{- $packages := concat (include "gemma3-ray.pipPackages" . | fromJsonArray) $rt.extraPip -}}
 {{- $_ := set $re $rt.installer (dict "packages" $packages (printf "%s_check" $rt.installer) false) -}}
 {{- end -}}
+{{- $_ := set $re "working_dir" (include "gemma3-ray.trainerMountPath" .) -}}
+{{- $_ := set $re "excludes" (include "gemma3-ray.workingDirExcludes" . | fromJsonArray) -}}
 {{- if $env -}}
 {{- $_ := set $re "env_vars" $env -}}
 {{- end -}}

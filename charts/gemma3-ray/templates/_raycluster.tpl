@@ -1,7 +1,8 @@
 {{/*
 The one set of pod templates and the RayCluster spec. The RayCluster (persistent mode) and the
 RayJob's inline rayClusterSpec (ephemeral mode) both include "gemma3-ray.rayClusterSpec", so the
-two modes never drift apart.
+two modes never drift apart. Ray pods never mount the trainer code: the job brings it (see
+"gemma3-ray.runtimeEnv"), so a long-lived cluster cannot run stale files.
 */}}
 
 {{/* Arguments: dict "root" $ "role" "head"|"worker". */}}
@@ -18,11 +19,10 @@ metadata:
     {{- with $g.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+  {{- with $g.podAnnotations }}
   annotations:
-    gemma3-ray.dev/trainer-configmap: {{ include "gemma3-ray.trainerConfigMapName" $root }}
-    {{- with $g.podAnnotations }}
     {{- toYaml . | nindent 4 }}
-    {{- end }}
+  {{- end }}
 spec:
   serviceAccountName: {{ include "gemma3-ray.serviceAccountName" $root }}
   {{- /* Only the autoscaler sidecar (head, autoscaling on) talks to the Kubernetes API. */}}
@@ -92,9 +92,6 @@ spec:
           exec:
             command: ["/bin/sh", "-c", "ray stop"]
       volumeMounts:
-        - name: trainer
-          mountPath: {{ include "gemma3-ray.trainerMountPath" $root }}
-          readOnly: true
         - name: scratch
           mountPath: {{ $v.scratch.mountPath }}
         {{- if and (not $isHead) $v.workers.shmSize }}
@@ -105,10 +102,6 @@ spec:
         {{- toYaml . | nindent 8 }}
         {{- end }}
   volumes:
-    - name: trainer
-      configMap:
-        name: {{ include "gemma3-ray.trainerConfigMapName" $root }}
-        defaultMode: 0444
     - name: scratch
       {{- if $v.scratch.sizeLimit }}
       emptyDir:

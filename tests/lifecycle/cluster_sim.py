@@ -1,0 +1,189 @@
+"""Stand-ins for the controllers the test API server lacks, each doing only what the named source does.
+
+- KubeRay's RayJob controller (ray-operator/controllers/ray/rayjob_controller.go, Reconcile): a new
+  RayJob gets the `ray.io/rayjob-finalizer` finalizer, and in ephemeral mode (spec.rayClusterSpec) a
+  RayCluster owned by it (constructRayClusterForRayJob: controller reference, blockOwnerDeletion). A
+  RayJob being deleted is stopped (StopJob through the dashboard) and the finalizer removed.
+- Kubernetes' garbage collector (pkg/controller/garbagecollector): a `foregroundDeletion` owner goes
+  once its dependents are deleted; dependents of a deleted owner are deleted (background).
+- The job controller and kubelet, for Helm's hook Jobs: the pod's one container runs here, with a
+  real token of the pod's ServiceAccount in a directory shaped like the mounted one, and the Job's
+  status is then set Complete or Failed as the job controller would.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from kube_api import ApiError, ApiServer
+
+KUBERAY_FINALIZER = "ray.io/rayjob-finalizer"
+FOREGROUND = "foregroundDeletion"
+POLL_S = 0.1
+
+
+@dataclass
+class HookRun:
+    job: str
+    returncode: int
+    output: str
+
+
+@dataclass
+class Controllers:
+    """Runs the stand-ins in a thread for one namespace while helm commands run."""
+
+    api: ApiServer
+    namespace: str
+    workdir: Path
+    stopped_jobs: list[str] = field(default_factory=list)  # RayJobs KubeRay would have stopped (StopJob)
+    hook_runs: list[HookRun] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _running: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
+    _done: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Controllers:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=30)
+        for proc, _ in self._running.values():
+            proc.kill()
+        assert not self.errors, self.errors
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except ApiError as e:
+                if e.code not in (404, 409):  # an object went away or changed under us: next round
+                    self.errors.append(str(e))
+            except Exception as e:  # noqa: BLE001 - surfaced in __exit__
+                self.errors.append(repr(e))
+            time.sleep(POLL_S)
+
+    @property
+    def ns(self) -> str:
+        return f"/namespaces/{self.namespace}"
+
+    def step(self) -> None:
+        self._kuberay()
+        self._garbage_collector()
+        self._hook_jobs()
+
+    # ------------------------------------------------------------ KubeRay's RayJob controller
+    def _kuberay(self) -> None:
+        kube = self.api.admin
+        for job in kube.items(f"/apis/ray.io/v1{self.ns}/rayjobs"):
+            meta = job["metadata"]
+            path = f"/apis/ray.io/v1{self.ns}/rayjobs/{meta['name']}"
+            finalizers = meta.get("finalizers") or []
+            if meta.get("deletionTimestamp"):
+                if KUBERAY_FINALIZER in finalizers:
+                    self.stopped_jobs.append(f"{meta['name']}@{meta['uid']}")
+                    kube.merge_patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != KUBERAY_FINALIZER],
+                                                         "resourceVersion": meta["resourceVersion"]}})
+                continue
+            if KUBERAY_FINALIZER not in finalizers:
+                kube.merge_patch(path, {"metadata": {"finalizers": [*finalizers, KUBERAY_FINALIZER],
+                                                     "resourceVersion": meta["resourceVersion"]}})
+                if job["spec"].get("rayClusterSpec"):
+                    self._create_job_cluster(job)
+
+    def _create_job_cluster(self, job: dict[str, Any]) -> None:
+        meta = job["metadata"]
+        self.api.admin.create(f"/apis/ray.io/v1{self.ns}/rayclusters", {
+            "apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": {
+                "name": f"{meta['name']}-{secrets.token_hex(3)[:5]}",
+                "labels": {"ray.io/originated-from-cr-name": meta["name"], "ray.io/originated-from-crd": "RayJob"},
+                "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": meta["name"], "uid": meta["uid"],
+                                     "controller": True, "blockOwnerDeletion": True}],
+            },
+            "spec": job["spec"]["rayClusterSpec"],
+        })
+
+    # ------------------------------------------------------------ the garbage collector
+    def _garbage_collector(self) -> None:
+        kube = self.api.admin
+        owners = {j["metadata"]["uid"]: j for j in kube.items(f"/apis/ray.io/v1{self.ns}/rayjobs")}
+        clusters = kube.items(f"/apis/ray.io/v1{self.ns}/rayclusters")
+        for cluster in clusters:
+            for ref in cluster["metadata"].get("ownerReferences") or []:
+                owner = owners.get(ref["uid"])
+                if owner is None or FOREGROUND in (owner["metadata"].get("finalizers") or []):
+                    kube.delete(f"/apis/ray.io/v1{self.ns}/rayclusters/{cluster['metadata']['name']}")
+        live_owner_uids = {ref["uid"] for c in kube.items(f"/apis/ray.io/v1{self.ns}/rayclusters")
+                           for ref in c["metadata"].get("ownerReferences") or []}
+        for uid, owner in owners.items():
+            finalizers = owner["metadata"].get("finalizers") or []
+            if FOREGROUND in finalizers and uid not in live_owner_uids:
+                kube.merge_patch(f"/apis/ray.io/v1{self.ns}/rayjobs/{owner['metadata']['name']}",
+                                 {"metadata": {"finalizers": [f for f in finalizers if f != FOREGROUND],
+                                               "resourceVersion": owner["metadata"]["resourceVersion"]}})
+
+    # ------------------------------------------------------------ the job controller and kubelet
+    def _hook_jobs(self) -> None:
+        kube = self.api.admin
+        for job in kube.items(f"/apis/batch/v1{self.ns}/jobs"):
+            key = job["metadata"]["uid"]
+            if key in self._done:
+                continue
+            if key not in self._running:
+                self._running[key] = self._start_pod(job)
+                continue
+            proc, log = self._running[key]
+            if proc.poll() is None:
+                continue
+            del self._running[key]
+            self._done.add(key)
+            output = log.read_text()
+            self.hook_runs.append(HookRun(job["metadata"]["name"], proc.returncode, output))
+            self._finish(job, proc.returncode == 0)
+
+    def _start_pod(self, job: dict[str, Any]) -> tuple[subprocess.Popen, Path]:
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        sa = pod.get("serviceAccountName", "default")
+        sa_dir = self.workdir / f"sa-{job['metadata']['uid']}"
+        sa_dir.mkdir(parents=True)
+        (sa_dir / "token").write_text(self.api.token_for(self.namespace, sa))
+        (sa_dir / "ca.crt").write_bytes(Path(self.api.admin.ca_file).read_bytes())
+        (sa_dir / "namespace").write_text(self.namespace)
+        url = urlparse(self.api.server)
+        env = {"PATH": os.environ["PATH"], "KUBERNETES_SERVICE_HOST": url.hostname or "", "KUBERNETES_SERVICE_PORT": str(url.port),
+               "SERVICEACCOUNT_DIR": str(sa_dir)}
+        env.update({e["name"]: e["value"] for e in container.get("env") or []})
+        command = [*container.get("command", []), *container.get("args", [])]
+        assert command[0] == "python", command
+        log = self.workdir / f"{job['metadata']['name']}-{job['metadata']['uid']}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, *command[1:]], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return proc, log
+
+    def _finish(self, job: dict[str, Any], ok: bool) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if ok:
+            status = {"startTime": now, "completionTime": now, "succeeded": 1, "conditions": [
+                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
+                {"type": "Complete", "status": "True", "lastTransitionTime": now}]}
+        else:
+            status = {"startTime": now, "failed": 1, "conditions": [
+                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now},
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now}]}
+        self.api.admin.merge_patch(f"/apis/batch/v1{self.ns}/jobs/{job['metadata']['name']}/status", {"status": status})

@@ -1,0 +1,131 @@
+"""A release's whole life on a real API server: install → upgrade (a flag via --set, then a trainer
+change) → rollback → uninstall, in both modes, with Helm 4 and Helm 3, on the KubeRay 1.7.0 and 1.4.2
+CRDs. After each step: which objects exist, what the live RayJob runs (entrypoint flags, runtime env)
+and that nothing live references a deleted object. The controllers the server lacks (KubeRay, the
+garbage collector, the job controller and kubelet for hook Jobs) are stood in by cluster_sim, which
+does only what their source does; Helm itself runs every hook, waits on the pre-delete Job and
+applies the hook-delete policies (issue #10, failures 1-4).
+
+The chart README's "Release lifecycle" table states what these tests assert.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cluster_sim import Controllers
+from helm_render import CHART, CI_VALUES_DIR, helm_bin
+from kube_api import ApiServer
+from release_state import BASELINE, Snapshot, changed_trainer_chart, dangling, helm, snapshot
+
+RELEASE = "train"
+FULLNAME = f"{RELEASE}-gemma3-ray"
+CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
+USER_SECRET = "hf-secret"  # the user's own Secret (hfToken.existingSecret): not the chart's
+# Pairwise: every mode with each Helm and each CRD version, every Helm with each CRD version.
+CASES = [
+    ("ephemeral", "HELM", "v1.7.0"),
+    ("persistent", "HELM3", "v1.7.0"),
+    ("ephemeral", "HELM3", "v1.4.2"),
+    ("persistent", "HELM", "v1.4.2"),
+]
+
+
+def release_objects(mode: str, configmap: str) -> set[tuple[str, str]]:
+    """What the chart's manifest plus its RayJob hook leave after install/upgrade/rollback."""
+    objs = {("ServiceAccount", FULLNAME), ("ConfigMap", configmap), ("Service", f"{FULLNAME}-head"),
+            ("RayJob", FULLNAME), ("Secret", USER_SECRET)}
+    if mode == "persistent":
+        objs.add(("RayCluster", FULLNAME))
+    return objs
+
+
+def chart_objects(snap: Snapshot) -> set[tuple[str, str]]:
+    """The namespace minus its baseline, Helm's release records and the cluster KubeRay made for a job."""
+    return {(k, n) for k, n in snap.all() - BASELINE
+            if not (k == "Secret" and n.startswith("sh.helm.release.")) and not (k == "RayCluster" and n != FULLNAME)}
+
+
+def job_clusters(snap: Snapshot, rayjob_uid: str) -> list[str]:
+    return [n for n, c in snap.objects.get("RayCluster", {}).items()
+            if any(r["uid"] == rayjob_uid for r in c["metadata"].get("ownerReferences") or [])]
+
+
+def check_running(snap: Snapshot, mode: str, lr: str, configmap: str) -> None:
+    """The live job runs `lr`, carries `configmap` as its code, and nothing it uses is missing."""
+    assert chart_objects(snap) == release_objects(mode, configmap)
+    job = snap.rayjob()
+    assert snap.flags()["learning_rate"] == lr
+    env = snap.runtime_env()
+    sub = job["spec"]["submitterPodTemplate"]["spec"]
+    (vol,) = [v for v in sub["volumes"] if v["name"] == "trainer"]
+    assert vol["configMap"]["name"] == configmap
+    (mount,) = [m for m in sub["containers"][0]["volumeMounts"] if m["name"] == "trainer"]
+    assert env["working_dir"] == mount["mountPath"], "the submitter uploads the mounted ConfigMap as working_dir"
+    assert not dangling(snap), dangling(snap)
+    if mode == "persistent":
+        assert configmap not in str(snap.objects["RayCluster"][FULLNAME]["spec"]), "no Ray pod mounts the code"
+    else:
+        assert len(job_clusters(snap, job["metadata"]["uid"])) == 1, "KubeRay made the job's cluster"
+
+
+@pytest.mark.parametrize(("mode", "helm_var", "crds"), CASES, ids=["-".join(c) for c in CASES])
+def test_install_upgrade_rollback_uninstall(apiserver: ApiServer, tmp_path: Path, mode: str, helm_var: str, crds: str) -> None:
+    apiserver.use_crds(crds)
+    served = apiserver.served_rayjob_schema()["properties"]["spec"]["properties"]
+    assert ("preRunningDeadlineSeconds" in served) == (crds != "v1.4.2"), "the CRD version in use"
+    ns = apiserver.namespace(f"{mode[:4]}-{helm_var.lower()}-{crds.replace('.', '')}")
+    apiserver.admin.create(f"/api/v1/namespaces/{ns}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": USER_SECRET}, "stringData": {"hf_api_token": "x"}})
+    bin_ = helm_bin(helm_var)
+    changed = changed_trainer_chart(CHART, tmp_path)
+    common = ["-n", ns]
+    with Controllers(apiserver, ns, tmp_path / "sim") as sim:
+        # install: revision 1
+        helm(apiserver, bin_, "install", RELEASE, str(CHART), *common, "-f", str(CI_DEFAULT), "--set", f"mode={mode}")
+        s1 = snapshot(apiserver, ns)
+        cm1 = next(n for n in s1.names("ConfigMap") if n.startswith(f"{FULLNAME}-trainer-"))
+        check_running(s1, mode, "0.0002", cm1)
+        job1 = s1.rayjob()["metadata"]["uid"]
+        assert s1.names("Job") == s1.names("Role") == set(), "the cleanup hook's objects exist only while it runs"
+
+        # upgrade 1: a flag through --set (Helm passes the float as a string): revision 2
+        helm(apiserver, bin_, "upgrade", RELEASE, str(CHART), *common, "--reuse-values", "--set", "training.learning_rate=0.0001")
+        s2 = snapshot(apiserver, ns)
+        check_running(s2, mode, "0.0001", cm1)
+        job2 = s2.rayjob()["metadata"]["uid"]
+        assert job2 != job1 and any(job1 in s for s in sim.stopped_jobs), "the old job is stopped, a new one runs"
+        assert not s2.names("Job"), "the cleanup hook's objects are gone once it succeeded"
+        if mode == "ephemeral":
+            assert not job_clusters(s2, job1), "the old job's cluster went with it"
+
+        # upgrade 2: a trainer change: revision 3, a new ConfigMap, the old one deleted
+        helm(apiserver, bin_, "upgrade", RELEASE, str(changed), *common, "--reuse-values")
+        s3 = snapshot(apiserver, ns)
+        cm3 = next(n for n in s3.names("ConfigMap") if n.startswith(f"{FULLNAME}-trainer-"))
+        assert cm3 != cm1
+        check_running(s3, mode, "0.0001", cm3)
+        if mode == "persistent":
+            # KubeRay would not recreate the pods on a template change; the template did not change.
+            assert s3.objects["RayCluster"][FULLNAME]["spec"] == s1.objects["RayCluster"][FULLNAME]["spec"]
+
+        # rollback to revision 1: its job (flags and files) runs again, on its ConfigMap
+        helm(apiserver, bin_, "rollback", RELEASE, "1", *common)
+        s4 = snapshot(apiserver, ns)
+        check_running(s4, mode, "0.0002", cm1)
+        assert s4.rayjob()["metadata"]["uid"] not in (job1, job2)
+        assert s4.rayjob()["spec"]["entrypoint"] == s1.rayjob()["spec"]["entrypoint"]
+        job4 = s4.rayjob()["metadata"]["uid"]
+
+        # uninstall: the pre-delete hook deletes the RayJob and waits; then nothing of the release remains
+        out = helm(apiserver, bin_, "uninstall", RELEASE, *common)
+        assert "uninstalled" in out
+        s5 = snapshot(apiserver, ns)
+        assert s5.all() - BASELINE == {("Secret", USER_SECRET)}, s5.all()
+        assert any(job4 in s for s in sim.stopped_jobs), "KubeRay stopped the last job before it went"
+        # The cleanup hook ran before each upgrade, the rollback and the uninstall, and saw its job go.
+        runs = [r for r in sim.hook_runs if r.job == f"{FULLNAME}-cleanup"]
+        assert len(runs) == 4, [r.output for r in runs]
+        for run in runs:
+            assert run.returncode == 0 and f"RayJob {ns}/{FULLNAME}: gone" in run.output, run.output

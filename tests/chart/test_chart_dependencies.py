@@ -69,14 +69,18 @@ def test_runtime_env_dependencies_install_the_pins_with_the_chosen_installer(ren
     assert uv["config"] == {"setup_timeout_seconds": 900}
 
 
-def test_the_runtime_env_is_one_ray_accepts() -> None:
-    """Ray's own validation of the rendered runtime env (both modes, both installers)."""
+def test_the_runtime_env_is_one_ray_accepts(tmp_path: Path) -> None:
+    """Ray's own validation of the rendered runtime env (both modes, both installers). Its working_dir
+    is a path in the submitter pod (the trainer ConfigMap's mount), which Ray checks exists: a local
+    directory stands in for it."""
     from ray.runtime_env import RuntimeEnv
 
     for files, sets in [([CI_DEFAULT], {}), ([CI_DEFAULT], {"rayJob.runtimeEnv.installer": "uv"}), ([CI_IMAGE], {})]:
         r = helm_template(files, sets)
         assert r.returncode == 0, r.stderr
-        RuntimeEnv(**runtime_env(r))
+        env = runtime_env(r)
+        assert env["working_dir"] == "/home/ray/trainer"
+        RuntimeEnv(**{**env, "working_dir": str(tmp_path)})
 
 
 def notes(values: Path, *sets: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,14 @@ class Render:
         found = self.kinds(kind)
         assert len(found) == 1, f"expected one {kind}, found {len(found)}"
         return found[0]
+
+
+RUN_NAME = re.compile(r"--run_name=r[0-9]+-[0-9]{8}-[0-9]{6}-[a-z0-9]{4}")
+
+
+def same_but_run_name(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The documents with the run name (new on every render: its revision, UTC time, random) masked."""
+    return json.loads(RUN_NAME.sub("--run_name=<run>", json.dumps(docs)))
 
 
 def load_docs(text: str) -> list[dict[str, Any]]:

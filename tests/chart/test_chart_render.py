@@ -23,6 +23,7 @@ from helm_render import (
     Render,
     helm_template,
     pod_templates,
+    same_but_run_name,
     values_files,
 )
 
@@ -33,7 +34,7 @@ TUTORIAL = VALUES_DIR / "tutorial.yaml"
 MOUNT = "/home/ray/trainer"
 ENTRY = ["python", "vision_train.py"]
 REQUIREMENTS = CHART / "files" / "trainer" / "requirements.txt"
-DERIVED = ("num_workers", "use_gpu", "storage_path")
+DERIVED = ("num_workers", "use_gpu", "storage_path", "run_name")
 
 
 def requirement_lines() -> list[str]:
@@ -106,7 +107,7 @@ def test_helm3_and_helm4_render_identically(renders: dict[str, Render]) -> None:
         helm3 = list(pool.map(lambda f: helm_template([f], helm="HELM3"), files))
     for f, h3 in zip(files, helm3, strict=True):
         assert h3.returncode == 0, (f.name, h3.stderr)
-        assert h3.docs == renders[f.name].docs, f.name
+        assert same_but_run_name(h3.docs) == same_but_run_name(renders[f.name].docs), f.name
 
 
 @pytest.mark.parametrize(("kube", "ok"), [("1.29.0", False), ("1.30.0", True), ("1.35.0", True)])
@@ -210,6 +211,7 @@ def test_entrypoint_is_the_training_map_plus_derived_flags(renders: dict[str, Re
     assert f.pop("num_workers") == "16"  # 2 replicas x 8 GPUs
     assert f.pop("use_gpu") == "true"
     assert f.pop("storage_path") == "gs://my-gemma3-ray-bucket/gemma3-vision"
+    assert re.fullmatch(r"r1-[0-9]{8}-[0-9]{6}-[a-z0-9]{4}", f.pop("run_name"))
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["training"]
     merged = {**defaults, **values["training"]}
     expected = {k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in merged.items()}

@@ -135,6 +135,9 @@ def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
     words = shlex.split(job.entrypoint)[2:]
     assert shlex.split(short_run["submitted_entrypoint"])[2:] == words
     assert f"--max_steps={SHORT_STEPS}" in words
+    # The run is the one the render named (one per Helm revision), and the demo read it from its directory.
+    assert f"--run_name={short_run['run_name']}" in words
+    assert short_run["run_uri"] == f"{short_run['storage_uri']}/runs/{short_run['run_name']}"
     # Ray ran that command (its own log line), with the ConfigMap's files as the working directory.
     log = Path(short_run["job_log"]).read_text()
     assert f"Running entrypoint for job {short_run['job']['submission_id']}: {short_run['submitted_entrypoint']}" in log

@@ -51,6 +51,7 @@ class Controllers:
     _running: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _rounds: int = 0
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> Controllers:
@@ -75,7 +76,16 @@ class Controllers:
                     self.errors.append(str(e))
             except Exception as e:  # noqa: BLE001 - surfaced in __exit__
                 self.errors.append(repr(e))
+            self._rounds += 1
             time.sleep(POLL_S)
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """Return after two full rounds that started after this call (what the controllers react to now)."""
+        target = self._rounds + 2
+        deadline = time.monotonic() + timeout_s
+        while self._rounds < target:
+            assert time.monotonic() < deadline, "the stand-in controllers are stuck"
+            time.sleep(POLL_S / 2)
 
     @property
     def ns(self) -> str:

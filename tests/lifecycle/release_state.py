@@ -103,7 +103,9 @@ def dangling(snap: Snapshot) -> set[tuple[str, str, str]]:
 
 
 def helm(api: ApiServer, helm_bin: str, *args: str) -> str:
-    proc = subprocess.run([helm_bin, *args, "--timeout", f"{HELM_TIMEOUT_S // 2}s"], capture_output=True, text=True,
+    waits = args[0] in ("install", "upgrade", "rollback", "uninstall")
+    timeout = ["--timeout", f"{HELM_TIMEOUT_S // 2}s"] if waits else []
+    proc = subprocess.run([helm_bin, *args, *timeout], capture_output=True, text=True,
                           env=api.env(), timeout=HELM_TIMEOUT_S, check=False)
     assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
     return proc.stdout

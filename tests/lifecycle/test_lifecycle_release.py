@@ -11,6 +11,7 @@ The chart README's "Release lifecycle" table states what these tests assert.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -52,11 +53,14 @@ def job_clusters(snap: Snapshot, rayjob_uid: str) -> list[str]:
             if any(r["uid"] == rayjob_uid for r in c["metadata"].get("ownerReferences") or [])]
 
 
-def check_running(snap: Snapshot, mode: str, lr: str, configmap: str) -> None:
-    """The live job runs `lr`, carries `configmap` as its code, and nothing it uses is missing."""
+def check_running(snap: Snapshot, mode: str, lr: str, configmap: str, revision: int) -> str:
+    """The live job runs `lr` as a run of `revision`, carries `configmap` as its code, and nothing it
+    uses is missing. Returns its run name."""
     assert chart_objects(snap) == release_objects(mode, configmap)
     job = snap.rayjob()
     assert snap.flags()["learning_rate"] == lr
+    run = snap.flags()["run_name"]
+    assert re.fullmatch(rf"r{revision}-[0-9]{{8}}-[0-9]{{6}}-[a-z0-9]{{4}}", run), run
     env = snap.runtime_env()
     sub = job["spec"]["submitterPodTemplate"]["spec"]
     (vol,) = [v for v in sub["volumes"] if v["name"] == "trainer"]
@@ -68,6 +72,15 @@ def check_running(snap: Snapshot, mode: str, lr: str, configmap: str) -> None:
         assert configmap not in str(snap.objects["RayCluster"][FULLNAME]["spec"]), "no Ray pod mounts the code"
     else:
         assert len(job_clusters(snap, job["metadata"]["uid"])) == 1, "KubeRay made the job's cluster"
+    return run
+
+
+def notes_run(api: ApiServer, bin_: str, ns: str) -> str:
+    """The run the release's stored NOTES name (what `helm install/upgrade` printed)."""
+    text = helm(api, bin_, "get", "notes", RELEASE, "-n", ns)
+    found = re.search(r"This revision's run: (\S+?),", text)
+    assert found, text
+    return found.group(1)
 
 
 @pytest.mark.parametrize(("mode", "helm_var", "crds"), CASES, ids=["-".join(c) for c in CASES])
@@ -84,16 +97,20 @@ def test_install_upgrade_rollback_uninstall(apiserver: ApiServer, tmp_path: Path
     with Controllers(apiserver, ns, tmp_path / "sim") as sim:
         # install: revision 1
         helm(apiserver, bin_, "install", RELEASE, str(CHART), *common, "-f", str(CI_DEFAULT), "--set", f"mode={mode}")
+        sim.settle()
         s1 = snapshot(apiserver, ns)
         cm1 = next(n for n in s1.names("ConfigMap") if n.startswith(f"{FULLNAME}-trainer-"))
-        check_running(s1, mode, "0.0002", cm1)
+        run1 = check_running(s1, mode, "0.0002", cm1, 1)
+        assert notes_run(apiserver, bin_, ns) == run1
         job1 = s1.rayjob()["metadata"]["uid"]
         assert s1.names("Job") == s1.names("Role") == set(), "the cleanup hook's objects exist only while it runs"
 
         # upgrade 1: a flag through --set (Helm passes the float as a string): revision 2
         helm(apiserver, bin_, "upgrade", RELEASE, str(CHART), *common, "--reuse-values", "--set", "training.learning_rate=0.0001")
+        sim.settle()
         s2 = snapshot(apiserver, ns)
-        check_running(s2, mode, "0.0001", cm1)
+        run2 = check_running(s2, mode, "0.0001", cm1, 2)
+        assert run2 != run1 and notes_run(apiserver, bin_, ns) == run2, "an upgrade is a new run"
         job2 = s2.rayjob()["metadata"]["uid"]
         assert job2 != job1 and any(job1 in s for s in sim.stopped_jobs), "the old job is stopped, a new one runs"
         assert not s2.names("Job"), "the cleanup hook's objects are gone once it succeeded"
@@ -102,18 +119,21 @@ def test_install_upgrade_rollback_uninstall(apiserver: ApiServer, tmp_path: Path
 
         # upgrade 2: a trainer change: revision 3, a new ConfigMap, the old one deleted
         helm(apiserver, bin_, "upgrade", RELEASE, str(changed), *common, "--reuse-values")
+        sim.settle()
         s3 = snapshot(apiserver, ns)
         cm3 = next(n for n in s3.names("ConfigMap") if n.startswith(f"{FULLNAME}-trainer-"))
         assert cm3 != cm1
-        check_running(s3, mode, "0.0001", cm3)
+        run3 = check_running(s3, mode, "0.0001", cm3, 3)
+        assert run3 not in (run1, run2)
         if mode == "persistent":
             # KubeRay would not recreate the pods on a template change; the template did not change.
             assert s3.objects["RayCluster"][FULLNAME]["spec"] == s1.objects["RayCluster"][FULLNAME]["spec"]
 
         # rollback to revision 1: its job (flags and files) runs again, on its ConfigMap
         helm(apiserver, bin_, "rollback", RELEASE, "1", *common)
+        sim.settle()
         s4 = snapshot(apiserver, ns)
-        check_running(s4, mode, "0.0002", cm1)
+        assert check_running(s4, mode, "0.0002", cm1, 1) == run1, "a rollback continues that revision's run"
         assert s4.rayjob()["metadata"]["uid"] not in (job1, job2)
         assert s4.rayjob()["spec"]["entrypoint"] == s1.rayjob()["spec"]["entrypoint"]
         job4 = s4.rayjob()["metadata"]["uid"]
@@ -121,6 +141,7 @@ def test_install_upgrade_rollback_uninstall(apiserver: ApiServer, tmp_path: Path
         # uninstall: the pre-delete hook deletes the RayJob and waits; then nothing of the release remains
         out = helm(apiserver, bin_, "uninstall", RELEASE, *common)
         assert "uninstalled" in out
+        sim.settle()
         s5 = snapshot(apiserver, ns)
         assert s5.all() - BASELINE == {("Secret", USER_SECRET)}, s5.all()
         assert any(job4 in s for s in sim.stopped_jobs), "KubeRay stopped the last job before it went"
@@ -129,3 +150,11 @@ def test_install_upgrade_rollback_uninstall(apiserver: ApiServer, tmp_path: Path
         assert len(runs) == 4, [r.output for r in runs]
         for run in runs:
             assert run.returncode == 0 and f"RayJob {ns}/{FULLNAME}: gone" in run.output, run.output
+
+        if mode == "ephemeral":  # reinstall after uninstall: revision 1 again, yet a new run
+            helm(apiserver, bin_, "install", RELEASE, str(CHART), *common, "-f", str(CI_DEFAULT), "--set", f"mode={mode}")
+            sim.settle()
+            again = check_running(snapshot(apiserver, ns), mode, "0.0002", cm1, 1)
+            assert again != run1
+            helm(apiserver, bin_, "uninstall", RELEASE, *common)
+            assert snapshot(apiserver, ns).all() - BASELINE == {("Secret", USER_SECRET)}

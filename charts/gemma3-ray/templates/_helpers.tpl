@@ -207,6 +207,24 @@ so the package holds each file once, by its own name.
 {{- printf "gs://%s/%s" .Values.storage.bucket $prefix -}}
 {{- end -}}
 
+{{/*
+The run of this Helm revision: r<revision>-<UTC time>-<4 random characters>. It is rendered into
+the stored manifest, so KubeRay retries (and `helm rollback` to this revision) keep it, and every
+install and upgrade gets a new one, also after an uninstall and reinstall. Made once per render
+(kept in .Values under a private key) so the RayJob and NOTES name the same run.
+*/}}
+{{- define "gemma3-ray.runName" -}}
+{{- if not (hasKey .Values "_gemma3RayRunName") -}}
+{{- $_ := set .Values "_gemma3RayRunName" (printf "r%d-%s-%s" (int .Release.Revision) (now | date "20060102-150405" | toString) (randAlphaNum 4 | lower)) -}}
+{{- end -}}
+{{- index .Values "_gemma3RayRunName" -}}
+{{- end -}}
+
+{{/* The run's directory: checkpoints/, final/, metrics.jsonl, summary.json, TensorBoard events. */}}
+{{- define "gemma3-ray.runPath" -}}
+{{- printf "%s/runs/%s" (include "gemma3-ray.storagePath" .) (include "gemma3-ray.runName" .) -}}
+{{- end -}}
+
 {{/* POSIX-shell quoting of one word: bare when safe, else single-quoted. */}}
 {{- define "gemma3-ray.shellQuote" -}}
 {{- if regexMatch "^[A-Za-z0-9_./:@%+=,-]+$" . -}}
@@ -250,6 +268,7 @@ sorted order, each as one shell-quoted --key=value word.
 {{- $args = append $args (printf "--num_workers=%s" (include "gemma3-ray.numTrainWorkers" .)) -}}
 {{- $args = append $args (printf "--use_gpu=%s" (ternary "true" "false" (gt (int .Values.workers.gpusPerNode) 0))) -}}
 {{- $args = append $args (printf "--storage_path=%s" (include "gemma3-ray.shellQuote" (include "gemma3-ray.storagePath" .))) -}}
+{{- $args = append $args (printf "--run_name=%s" (include "gemma3-ray.runName" .)) -}}
 {{- range $k, $v := .Values.training -}}
 {{- if not (kindIs "invalid" $v) -}}
 {{- $text := include "gemma3-ray.flagValue" $v -}}

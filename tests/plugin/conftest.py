@@ -19,7 +19,6 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
-from tests.plugin.kube_apiserver import kube_apiserver  # noqa: F401 - a session fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "demo-proj-1"

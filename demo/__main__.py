@@ -214,9 +214,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runtime_env, pins = local_runtime_env(job, trainer_dir, extra_env)
         exempt = [f"{c.requirement} (have {c.installed}: {c.note})" for c in pins if c.note]
         say(
-            f"    runtime env: all {len(pins)} pip pins are satisfied by this Python"
+            f"    runtime env: all {len(pins)} pins are satisfied by this Python"
             + (f" except {'; '.join(exempt)}" if exempt else "")
-            + " -> submitted WITHOUT pip (nothing is installed into the local cluster)"
+            + " -> submitted WITHOUT pip/uv (nothing is installed into the local cluster)"
         )
         say(f"    runtime env: working_dir {job.mount_path} -> {trainer_dir} (excludes {runtime_env.get('excludes')}: the "
             f"kubelet's ..data entries); + env STORAGE_EMULATOR_HOST={gcs.url}, "

@@ -140,9 +140,9 @@ def test_runtime_env_pip_list_equals_the_pins(renders: dict[str, Render]) -> Non
     assert expected and all("==" in ln for ln in expected)
     for name in ("tutorial.yaml", "local.yaml"):
         env = yaml.safe_load(renders[name].one("RayJob")["spec"]["runtimeEnvYAML"])
-        assert env["pip"]["packages"] == expected, name
+        assert env["uv"]["packages"] == expected, name  # rayJob.runtimeEnv.installer: uv (the default)
     extras = yaml.safe_load(renders["token-extras-values.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])
-    assert extras["pip"]["packages"] == [*expected, "wandb==0.19.0"]
+    assert extras["uv"]["packages"] == [*expected, "wandb==0.19.0"]
     # user envVars merge over the chart's default (which keeps Ray Train from printing every line twice)
     assert extras["env_vars"] == {"NCCL_DEBUG": "WARN", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     plain = yaml.safe_load(renders["tutorial.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])

@@ -217,7 +217,7 @@ def test_runtime_env_text_reaches_ray_job_submit_unchanged(render: Callable[...,
     assert replayed == rendered
     for k, v in tricky.items():
         assert replayed["env_vars"][k] == v
-    assert replayed["pip"]["packages"][-1] == "pkg>=1; python_version>'3.8'"
+    assert replayed["uv"]["packages"][-1] == "pkg>=1; python_version>'3.8'"
 
 
 def test_the_replay_does_expand_what_the_chart_rejects(render: Callable[..., Render]) -> None:

@@ -143,7 +143,7 @@ def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
     assert f"Running entrypoint for job {short_run['job']['submission_id']}: {short_run['submitted_entrypoint']}" in log
     # The runtime env: the chart's, minus the pip list the demo verified locally.
     env_vars = short_run["submitted_runtime_env"]["env_vars"]
-    assert "pip" not in short_run["submitted_runtime_env"]
+    assert not {"pip", "uv"} & set(short_run["submitted_runtime_env"])
     assert env_vars["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
 
 
@@ -217,7 +217,7 @@ def test_rendered_local_values_give_the_demo_what_it_needs() -> None:
     assert job.runtime_env["working_dir"] == job.mount_path == "/home/ray/trainer"
     assert job.storage_path.startswith("gs://")
     assert job.flags["use_gpu"] == "false" and job.num_workers == 2
-    pins = job.runtime_env["pip"]["packages"]
+    pins = job.runtime_env["uv"]["packages"]  # rayJob.runtimeEnv.installer: uv (the default)
     assert any(p.startswith("transformers==") for p in pins)
 
 

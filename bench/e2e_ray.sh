@@ -16,5 +16,5 @@ python3 trainer/vision_train.py --model_id="$W/gemma3-4b-random" --dataset_name=
   --num_workers="$n" --max_steps="$steps" --save_strategy=steps --save_steps="$steps" --logging_steps=5 \
   --eval_fraction=0.05 --storage_path="/tmp/e2e-$n" "$@"
 # The job start split again, from the run's summary.json (the log printed it at the first step).
-summary=$(ls -t /tmp/e2e-"$n"/runs/*/summary.json 2>/dev/null | head -n1)
+summary=$(ls -t /tmp/e2e-"$n"/runs/*/summary.json 2>/dev/null | head -n1 || true)
 if [ -n "$summary" ]; then python3 trainer/startup_timing.py "$summary" || true; fi

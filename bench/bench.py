@@ -270,11 +270,13 @@ class StepTimer:
 def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, steps: int, phase_steps: int,
         out: Path | None, smoke: bool = False, name: str | None = None) -> dict[str, Any]:
     import torch
-    import vision_train as vt
+    from flags import parse_args as parse_trainer_args
+    from model import build_trainer
     from transformers import AutoConfig, AutoProcessor
+    from worker import CUDA_ALLOC_CONF
 
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", vt.CUDA_ALLOC_CONF)  # as the trainer's workers do
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)  # as the trainer's workers do
     res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False}
     t0 = time.time()
     try:
@@ -287,7 +289,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         processor = AutoProcessor.from_pretrained(model_dir)
         flags = dict(RECIPES[recipe])
         argv = [f"--{k}={v}" for k, v in flags.items()] + list(extra)
-        args = vt.parse_args(argv + ["--model_id=" + str(model_dir), f"--use_gpu={str(not smoke).lower()}", "--eval_fraction=0",
+        args = parse_trainer_args(argv + ["--model_id=" + str(model_dir), f"--use_gpu={str(not smoke).lower()}", "--eval_fraction=0",
                                      "--save_strategy=no", "--logging_steps=1000", "--num_workers=1",
                                      f"--storage_path={work / 'runs' / recipe}"])
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -299,7 +301,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         device = torch.device("cpu" if smoke else "cuda")
         if not smoke:
             torch.cuda.reset_peak_memory_stats()
-        trainer, _processor, stats = vt.build_trainer(args, model_dir, work / "runs" / recipe / "local", device, None)
+        trainer, _processor, stats = build_trainer(args, model_dir, work / "runs" / recipe / "local", device, None)
         timer = StepTimer(trainer.model, timed_from=warmup, phase_from=warmup + steps)
         trainer.add_callback(timer.get_callback())
         # Tokens per sample, measured on the collator's own output.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the chart's `training:` schema from the trainer's own flags (one source of truth).
 
-Every field of `TrainArguments` in trainer/vision_train.py becomes a property of `training` in
+Every field of `TrainArguments` in trainer/flags.py becomes a property of `training` in
 charts/gemma3-ray/values.schema.json, typed from its annotation (Literal → enum, bool, int, float,
 str) and described by its help text; no other key is allowed. So a misspelt or unknown flag, or a
 value of the wrong type, fails at `helm install`/`helm template`, with Helm naming the field, instead
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER = ROOT / "trainer" / "vision_train.py"
+TRAINER = ROOT / "trainer" / "flags.py"  # the flags' module: standard library only
 SCHEMA = ROOT / "charts" / "gemma3-ray" / "values.schema.json"
 JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 # Flags whose values the chart renders from a YAML map as compact JSON (the trainer parses JSON).

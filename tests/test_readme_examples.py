@@ -51,7 +51,7 @@ PLUGIN = [c for c in _of("gemma3-ray", ".venv/bin/gemma3-ray", "helm") if c[2][0
 
 @pytest.fixture(scope="module")
 def trainer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gemma3_ray_readme_trainer", ROOT / "trainer" / "vision_train.py")
+    spec = importlib.util.spec_from_file_location("gemma3_ray_readme_trainer", ROOT / "trainer" / "flags.py")  # the parser
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -1,5 +1,5 @@
 """The rendered RayJob entrypoint is accepted by the trainer's own flag parser (the chart's copy of
-trainer/vision_train.py), for every values file: names, types and cross-flag rules agree."""
+trainer/), for every values file: names, types and cross-flag rules agree."""
 
 from __future__ import annotations
 
@@ -14,14 +14,28 @@ from helm_render import CHART, Render
 SCRIPT = CHART / "files" / "trainer" / "vision_train.py"
 
 
+# The trainer's modules (the entry point imports its siblings, as `python vision_train.py` does).
+TRAINER_MODULES = sorted(p.stem for p in SCRIPT.parent.glob("*.py"))
+
+
 @pytest.fixture(scope="module")
 def trainer() -> ModuleType:
+    """The chart's copy of the entry module, with its sibling modules from the chart's copy too."""
     assert SCRIPT.exists(), "the chart has no trainer: run `make sync-trainer`"
-    spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    saved_modules = {name: sys.modules.pop(name) for name in TRAINER_MODULES if name in sys.modules}
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer", SCRIPT)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        assert sys.modules["flags"].__file__ == str(SCRIPT.parent / "flags.py")
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+        for name in TRAINER_MODULES:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved_modules)
     return module
 
 
@@ -54,7 +68,7 @@ def test_training_schema_is_generated_from_the_trainer_flags() -> None:
     assert check.returncode == 0, check.stderr
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["training"]
     assert schema["additionalProperties"] is False
-    trainer_flags = set(_flag_names(root / "trainer" / "vision_train.py"))
+    trainer_flags = set(_flag_names(root / "trainer" / "flags.py"))
     derived = {name for name, prop in schema["properties"].items() if "not" in prop}
     assert set(schema["properties"]) - derived == trainer_flags - derived
 

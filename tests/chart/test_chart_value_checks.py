@@ -68,12 +68,13 @@ def test_numeric_text_parses_to_the_same_number_in_the_trainer() -> None:
     """What the schema lets through as text is what the trainer's own parser reads as that number."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer_numbers", CHART / "files" / "trainer" / "vision_train.py")
+    # The trainer's flag parser (flags.py: standard library only, no sibling imports).
+    spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer_numbers", CHART / "files" / "trainer" / "flags.py")
     assert spec and spec.loader
-    vision_train = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = vision_train
-    spec.loader.exec_module(vision_train)
-    args = vision_train.parse_args(["--storage_path=gs://b/p", "--learning_rate=0.0001", "--max_steps=+12"])
+    flags = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = flags
+    spec.loader.exec_module(flags)
+    args = flags.parse_args(["--storage_path=gs://b/p", "--learning_rate=0.0001", "--max_steps=+12"])
     assert args.learning_rate == 0.0001 and args.max_steps == 12
 
 

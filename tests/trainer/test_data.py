@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import vision_train as vt
+from data import load_rows, prepare_data
+from encoding import LABEL_IGNORE
+from flags import TrainArguments, UsageError, parse_args
 from PIL import Image
+from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 
@@ -18,8 +21,8 @@ LONG_NAME_WORDS = 400  # a product name far over --max_seq_length below
 MAX_SEQ = 300
 
 
-def job_args(tiny_model: Path, data: Path, cache_dir: Path, *extra: str) -> vt.TrainArguments:
-    return vt.parse_args([*CPU, f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
+def job_args(tiny_model: Path, data: Path, cache_dir: Path, *extra: str) -> TrainArguments:
+    return parse_args([*CPU, f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
                           *extra])
 
 
@@ -30,14 +33,14 @@ def sample_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_only_the_answer_and_its_end_of_turn_are_labelled(tiny_model, processor, sample_parquet, cache_dir) -> None:
     args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0")
-    train, _, collator, _ = vt.prepare_data(args, processor, None)
+    train, _, collator, _ = prepare_data(args, processor, None)
     rows = [train[i] for i in range(3)]
     batch = collator(rows)
     tok = processor.tokenizer
     config = json.loads((tiny_model / "config.json").read_text())
     for i, row in enumerate(rows):
         ids, labels, mask = batch["input_ids"][i], batch["labels"][i], batch["attention_mask"][i]
-        labelled = labels != vt.LABEL_IGNORE
+        labelled = labels != LABEL_IGNORE
         # The labelled span is contiguous, and it is the answer plus <end_of_turn>, nothing else.
         where = labelled.nonzero().flatten().tolist()
         assert where == list(range(where[0], where[-1] + 1))
@@ -62,7 +65,7 @@ def test_only_the_answer_and_its_end_of_turn_are_labelled(tiny_model, processor,
 
 def test_rows_stay_encoded_until_the_collator(tiny_model, processor, sample_parquet, cache_dir) -> None:
     args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0")
-    train, _, _, _ = vt.prepare_data(args, processor, None)
+    train, _, _, _ = prepare_data(args, processor, None)
     image = train[0]["image"]
     assert isinstance(image, dict) and isinstance(image["bytes"], bytes)  # no PIL image materialised
 
@@ -70,7 +73,7 @@ def test_rows_stay_encoded_until_the_collator(tiny_model, processor, sample_parq
 def test_eval_split_is_deterministic_by_seed(tiny_model, processor, sample_parquet, cache_dir) -> None:
     def eval_answers(seed: int) -> list[str]:
         args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0.25", f"--seed={seed}")
-        train, evaluation, _, stats = vt.prepare_data(args, processor, None)
+        train, evaluation, _, stats = prepare_data(args, processor, None)
         assert (stats["train_rows"], stats["eval_rows"]) == (9, 3)
         return [r["product"] + r["answer"] for r in evaluation]
 
@@ -95,7 +98,7 @@ def write_bad_rows(sample_parquet: Path, out: Path) -> Path:
 def test_bad_rows_are_counted_and_skipped(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
     data = write_bad_rows(sample_parquet, tmp_path / "bad.parquet")
     args = job_args(tiny_model, data, cache_dir, "--eval_fraction=0", f"--max_seq_length={MAX_SEQ}")
-    train, _, _, stats = vt.prepare_data(args, processor, None)
+    train, _, _, stats = prepare_data(args, processor, None)
     assert stats["skipped_rows"] == {"corrupt_image": 1, "empty_answer": 1, "missing_image": 1, "too_long": 1}
     assert stats["train_rows"] == 12 - 4 == len(train)
 
@@ -103,8 +106,8 @@ def test_bad_rows_are_counted_and_skipped(tiny_model, processor, sample_parquet,
 def test_bad_rows_fail_names_the_row(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
     data = write_bad_rows(sample_parquet, tmp_path / "bad.parquet")
     args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", f"--max_seq_length={MAX_SEQ}")
-    with pytest.raises(vt.UsageError, match=r"row 1: corrupt_image; --bad_rows=skip would skip such rows"):
-        vt.prepare_data(args, processor, None)
+    with pytest.raises(UsageError, match=r"row 1: corrupt_image; --bad_rows=skip would skip such rows"):
+        prepare_data(args, processor, None)
 
 
 def test_over_long_row_fails_with_the_fix(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
@@ -118,8 +121,8 @@ def test_over_long_row_fails_with_the_fix(tiny_model, processor, sample_parquet,
             (images / f"{i}.png").write_bytes(r["image"]["bytes"])
             fh.write(json.dumps({**r, "image": f"img/{i}.png"}) + "\n")
     args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", f"--max_seq_length={MAX_SEQ}")
-    with pytest.raises(vt.UsageError, match=r"row 2: too_long \(raise --max_seq_length\)"):
-        vt.prepare_data(args, processor, None)
+    with pytest.raises(UsageError, match=r"row 2: too_long \(raise --max_seq_length\)"):
+        prepare_data(args, processor, None)
 
 
 def test_jsonl_with_image_paths_and_a_column_mapping(tiny_model, processor, sample_parquet, cache_dir,
@@ -137,7 +140,7 @@ def test_jsonl_with_image_paths_and_a_column_mapping(tiny_model, processor, samp
         "--prompt_template=Describe the {title}.",
         '--column_mapping={"image": "picture", "answer": "caption", "title": "title"}',
     )
-    train, _, collator, stats = vt.prepare_data(args, processor, None)
+    train, _, collator, stats = prepare_data(args, processor, None)
     assert stats["skipped_rows"] == {"missing_image": 1} and stats["train_rows"] == 3
     batch = collator([train[0]])
     text = processor.tokenizer.decode(batch["input_ids"][0])
@@ -152,7 +155,7 @@ def test_gcs_sources_are_fetched_once_and_images_read_lazily(tiny_model, process
     image paths resolve to gs:// objects that the collator reads only when it builds a batch."""
     from tests.trainer.conftest import GCS_BUCKET
 
-    store = vt.Storage(root=f"gs://{GCS_BUCKET}/data", emulator_host=fake_gcs)
+    store = Storage(root=f"gs://{GCS_BUCKET}/data", emulator_host=fake_gcs)
     rows = pq.read_table(sample_parquet).to_pylist()[:3]
     lines = []
     for i, r in enumerate(rows):
@@ -161,13 +164,49 @@ def test_gcs_sources_are_fetched_once_and_images_read_lazily(tiny_model, process
     store.write_bytes("rows.jsonl", ("\n".join(lines) + "\n").encode())
     cache = tmp_path / "cache"
     args = job_args(tiny_model, f"gs://{GCS_BUCKET}/data/rows.jsonl", cache, "--eval_fraction=0")
-    train, _, collator, stats = vt.prepare_data(args, processor, fake_gcs)
+    train, _, collator, stats = prepare_data(args, processor, fake_gcs)
     assert stats["train_rows"] == 3 and stats["skipped_rows"] == {}
     assert train[0]["image"] == "images/0.png"  # still a reference, not pixels
     (marker,) = list(cache.glob("gcs/*/.complete"))
     stamp = marker.stat().st_mtime_ns
-    vt.load_rows(args, fake_gcs)
+    load_rows(args, fake_gcs)
     assert marker.stat().st_mtime_ns == stamp  # the second load reused the node's copy
     assert not list(cache.glob("gcs/*/images"))  # images were never copied, only read on demand
     batch = collator([train[0]])
     assert tuple(batch["pixel_values"].shape[:2]) == (1, 3)
+
+
+def test_trls_vision_collator_would_label_the_newline_after_end_of_turn(tiny_model, processor, sample_parquet,
+                                                                         cache_dir) -> None:
+    """Why the job keeps its own encoder: TRL's DataCollatorForVisionLanguageModeling, given the same rows
+    as prompt/completion conversations, builds the same input_ids, token_type_ids and pixels with one
+    <bos>, but it labels the whole completion, also the newline the chat template writes after
+    <end_of_turn>; the job labels the answer and <end_of_turn> only. (TRL's prompt/completion path also
+    has no pad_to_multiple_of, which the job uses on GPUs.)"""
+    import torch
+    from data import decode_image, image_bytes
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    args = job_args(tiny_model, sample_parquet, cache_dir, "--eval_fraction=0")
+    train, _, collator, _ = prepare_data(args, processor, None)
+    rows = [train[i] for i in range(3)]
+    ours = collator(rows)
+    examples = []
+    for row in rows:
+        msgs = collator.encoder.messages(row)
+        image = decode_image(image_bytes(row["image"], collator.image_base, None))
+        examples.append({"prompt": msgs[:-1], "completion": msgs[-1:], "images": [image]})
+    theirs = DataCollatorForVisionLanguageModeling(processor, completion_only_loss=True)(examples)
+    tok = processor.tokenizer
+    end_of_turn = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert torch.allclose(ours["pixel_values"], theirs["pixel_values"])
+    for i in range(len(rows)):
+        mine, trl = ours["attention_mask"][i].bool(), theirs["attention_mask"][i].bool()
+        ids = ours["input_ids"][i][mine]
+        assert ids.tolist() == theirs["input_ids"][i][trl].tolist()
+        assert ours["token_type_ids"][i][mine].tolist() == theirs["token_type_ids"][i][trl].tolist()
+        assert ids.tolist().count(tok.bos_token_id) == 1
+        differ = (ours["labels"][i][mine] != theirs["labels"][i][trl]).nonzero().flatten().tolist()
+        assert len(differ) == 1, differ  # one position: TRL labels it, the job does not
+        assert tok.decode(ids[differ[0]]) == "\n" and ids[differ[0] - 1] == end_of_turn
+        assert ours["labels"][i][mine][differ[0]] == LABEL_IGNORE

@@ -10,7 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import vision_train as vt
+import vision_train
+from flags import TrainArguments, UsageError, column_mapping, parse_args
+from storage import run_root
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ["--use_gpu=false", "--quantization=none"]
@@ -26,23 +28,23 @@ recipe use_liger_kernel adapter_dtype compile_vision run_name resume_from""".spl
 
 
 def test_flag_names_are_exactly_the_contract() -> None:
-    assert sorted(f.name for f in dataclasses.fields(vt.TrainArguments)) == sorted(CONTRACT_FLAGS)
+    assert sorted(f.name for f in dataclasses.fields(TrainArguments)) == sorted(CONTRACT_FLAGS)
 
 
 def test_values_parse_as_the_chart_renders_them() -> None:
-    args = vt.parse_args(
+    args = parse_args(
         [*CPU, "--num_workers=2", "--lora_r=8", "--learning_rate=1e-4", "--freeze_vision=true",
          "--lora_target=language-model", '--column_mapping={"image": "img"}', "--eval_steps=5",
          "--prompt_template=Describe {product}.", "--max_steps=7"]
     )
     assert (args.num_workers, args.lora_r, args.learning_rate, args.max_steps) == (2, 8, 1e-4, 7)
     assert args.freeze_vision is True and args.use_gpu is False
-    assert vt.column_mapping(args) == {"image": "img", "answer": "description", "product": "Product Name"}
+    assert column_mapping(args) == {"image": "img", "answer": "description", "product": "Product Name"}
 
 
 def test_unknown_flag_names_the_closest_known_one() -> None:
-    with pytest.raises(vt.UsageError, match=r"--lora_rank \(did you mean --lora_r\?\)"):
-        vt.parse_args([*CPU, "--lora_rank=8"])
+    with pytest.raises(UsageError, match=r"--lora_rank \(did you mean --lora_r\?\)"):
+        parse_args([*CPU, "--lora_rank=8"])
 
 
 @pytest.mark.parametrize(
@@ -61,27 +63,27 @@ def test_unknown_flag_names_the_closest_known_one() -> None:
     ],
 )
 def test_contradictions_fail_with_the_fix(flags: list[str], message: str) -> None:
-    with pytest.raises(vt.UsageError, match=message):
-        vt.parse_args(flags)
+    with pytest.raises(UsageError, match=message):
+        parse_args(flags)
 
 
 def test_push_to_hub_needs_the_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    with pytest.raises(vt.UsageError, match="HF_TOKEN"):
-        vt.parse_args([*CPU, "--push_to_hub=true"])
+    with pytest.raises(UsageError, match="HF_TOKEN"):
+        parse_args([*CPU, "--push_to_hub=true"])
 
 
 def test_all_problems_are_reported_at_once() -> None:
-    with pytest.raises(vt.UsageError) as err:
-        vt.parse_args(["--use_gpu=false", "--lora_r=0", "--num_workers=0", "--recipe=tutorial"])  # 4-bit recipe
+    with pytest.raises(UsageError) as err:
+        parse_args(["--use_gpu=false", "--lora_r=0", "--num_workers=0", "--recipe=tutorial"])  # 4-bit recipe
     text = str(err.value)
     assert "num_workers must be >= 1" in text and "lora_r" in text and "quantization=4bit" in text
 
 
 def test_run_root_follows_the_tutorials_flags() -> None:
-    assert vt.run_root(vt.parse_args([*CPU, "--gcs_bucket=bkt", "--output_dir=runs/a"])) == "gs://bkt/runs/a"
-    assert vt.run_root(vt.parse_args([*CPU, "--storage_path=gs://bkt/p/"])) == "gs://bkt/p"
-    assert vt.run_root(vt.parse_args([*CPU, "--output_dir=/tmp/x"])) == "/tmp/x"
+    assert run_root(parse_args([*CPU, "--gcs_bucket=bkt", "--output_dir=runs/a"])) == "gs://bkt/runs/a"
+    assert run_root(parse_args([*CPU, "--storage_path=gs://bkt/p/"])) == "gs://bkt/p"
+    assert run_root(parse_args([*CPU, "--output_dir=/tmp/x"])) == "/tmp/x"
 
 
 def test_missing_columns_fail_before_any_model_download(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,7 +91,7 @@ def test_missing_columns_fail_before_any_model_download(tmp_path: Path, capsys: 
     pq.write_table(pa.table({"title": ["a"], "img": [b"x"], "description": ["d"]}), data)
     # A hub model id that does not exist: reaching any download would fail differently (and offline).
     with pytest.raises(SystemExit) as exit_info:
-        vt.main([*CPU, "--model_id=no-such-org/no-such-model", f"--dataset_name={data}",
+        vision_train.main([*CPU, "--model_id=no-such-org/no-such-model", f"--dataset_name={data}",
                  f"--storage_path={tmp_path / 'run'}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
@@ -101,19 +103,19 @@ def test_missing_columns_fail_before_any_model_download(tmp_path: Path, capsys: 
 
 
 def test_recipe_fills_only_unset_flags() -> None:
-    fast = vt.parse_args([])
+    fast = parse_args([])
     assert (fast.quantization, fast.attn_implementation, fast.gradient_checkpointing) == ("none", "sdpa", False)
     assert (fast.use_liger_kernel, fast.adapter_dtype) == (True, "bf16")
-    tutorial = vt.parse_args(["--recipe=tutorial"])
+    tutorial = parse_args(["--recipe=tutorial"])
     assert (tutorial.quantization, tutorial.attn_implementation, tutorial.gradient_checkpointing) == (
         "4bit", "eager", True)
     assert (tutorial.per_device_train_batch_size, tutorial.gradient_accumulation_steps) == (1, 4)
-    mixed = vt.parse_args(["--recipe=tutorial", "--per_device_train_batch_size=2", "--gradient_checkpointing=false"])
+    mixed = parse_args(["--recipe=tutorial", "--per_device_train_batch_size=2", "--gradient_checkpointing=false"])
     assert (mixed.quantization, mixed.per_device_train_batch_size, mixed.gradient_checkpointing) == ("4bit", 2, False)
-    cpu = vt.parse_args(CPU)
+    cpu = parse_args(CPU)
     assert (cpu.use_liger_kernel, cpu.adapter_dtype, cpu.dataloader_num_workers) == (False, "fp32", 0)
-    with pytest.raises(vt.UsageError, match="use_liger_kernel=true needs GPUs"):
-        vt.parse_args([*CPU, "--use_liger_kernel=true"])
+    with pytest.raises(UsageError, match="use_liger_kernel=true needs GPUs"):
+        parse_args([*CPU, "--use_liger_kernel=true"])
 
 
 @pytest.mark.parametrize(
@@ -125,5 +127,5 @@ def test_recipe_fills_only_unset_flags() -> None:
     ],
 )
 def test_run_identity_flags_fail_with_the_fix(flags: list[str], message: str) -> None:
-    with pytest.raises(vt.UsageError, match=message):
-        vt.parse_args([*CPU, *flags])
+    with pytest.raises(UsageError, match=message):
+        parse_args([*CPU, *flags])

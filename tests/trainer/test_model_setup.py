@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import vision_train as vt
+from flags import parse_args
+from model import load_model, lora_config
 from peft import get_peft_model
 
 CPU = ["--use_gpu=false", "--quantization=none"]
@@ -14,8 +15,8 @@ LORA_R = 4
 
 
 def trainable(tiny_model: Path, *flags: str) -> tuple[dict[str, int], torch.nn.Module]:
-    args = vt.parse_args([*CPU, f"--model_id={tiny_model}", f"--lora_r={LORA_R}", *flags])
-    model = get_peft_model(vt.load_model(args, tiny_model, torch.device("cpu")), vt.lora_config(args))
+    args = parse_args([*CPU, f"--model_id={tiny_model}", f"--lora_r={LORA_R}", *flags])
+    model = get_peft_model(load_model(args, tiny_model, torch.device("cpu")), lora_config(args))
     return {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}, model
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import node_cache
 import pytest
-import vision_train as vt
+from storage import Storage, filesystem
 
 from tests.trainer.conftest import GCS_BUCKET
 
@@ -30,7 +30,7 @@ def downloads(fake_gcs_downloads):
 @pytest.fixture
 def prefix(fake_gcs, request) -> str:
     root = f"gs://{GCS_BUCKET}/node-cache/{request.node.name}"
-    storage = vt.Storage(root=root, emulator_host=fake_gcs)
+    storage = Storage(root=root, emulator_host=fake_gcs)
     storage.write_bytes("data/train.parquet", b"PAR1-not-really")
     storage.write_bytes("data/part/more.jsonl", b"{}\n")
     for i in range(3):
@@ -39,7 +39,7 @@ def prefix(fake_gcs, request) -> str:
 
 
 def fs_for(fake_gcs: str):
-    return lambda uri: vt.filesystem(uri, fake_gcs)
+    return lambda uri: filesystem(uri, fake_gcs)
 
 
 def test_an_object_is_downloaded_once_per_node(prefix, fake_gcs, downloads, tmp_path: Path) -> None:

@@ -11,10 +11,17 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 import torch
-import vision_train as vt
+import vision_train
+from data import prepare_data
+from encoding import LABEL_IGNORE
+from flags import parse_args
+from runs import MERGED_DIR
+from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
+from tests.trainer.faults import KillWorkerAfterStep
+from tests.trainer.faults import marker as fault_marker
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +61,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def local_run(ray_cluster, tiny_model, data, cache_dir, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("run") / "storage"
-    summary = vt.main([*job_flags(tiny_model, data, cache_dir, str(root), MAX_STEPS), "--merge_adapter=true"])
+    summary = vision_train.main([*job_flags(tiny_model, data, cache_dir, str(root), MAX_STEPS), "--merge_adapter=true"])
     storage = root / "runs" / "r1"  # the run's directory: <storage_path>/runs/<run_name>
     return {"storage": storage, "summary": summary, "metrics": records((storage / "metrics.jsonl").read_text())}
 
@@ -122,7 +129,7 @@ def answer_token_nll(model_dir: Path, rows, collator) -> list[tuple[float, int]]
             labels = batch.pop("labels")
             logits = model(**batch).logits[0, :-1].double()
             target = labels[0, 1:]
-            keep = target != vt.LABEL_IGNORE
+            keep = target != LABEL_IGNORE
             nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum").item()
             out.append((nll, int(keep.sum())))
     return out
@@ -132,8 +139,8 @@ def test_logged_loss_is_the_true_token_mean(local_run, tiny_model, processor, da
     """Step 1's logged loss (2 workers x 2 accumulation steps, micro-batches with different numbers of
     answer tokens) equals the mean cross-entropy over every answer token of the training set, computed
     here independently with the untrained model (LoRA starts as the identity)."""
-    args = vt.parse_args(job_flags(tiny_model, data, cache_dir, "unused", MAX_STEPS))
-    train, _, collator, _ = vt.prepare_data(args, processor, None)
+    args = parse_args(job_flags(tiny_model, data, cache_dir, "unused", MAX_STEPS))
+    train, _, collator, _ = prepare_data(args, processor, None)
     per_row = answer_token_nll(tiny_model, train, collator)
     total, counts = sum(n for n, _ in per_row), [c for _, c in per_row]
     assert len(set(counts)) > 1  # unequal token counts: a mean of per-batch means would differ
@@ -156,10 +163,10 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     flags = [*job_flags(tiny_model, data, cache_dir, str(root), EVAL_TEST_STEPS),
              "--per_device_train_batch_size=1", "--gradient_accumulation_steps=1", "--eval_fraction=0.4",
              f"--save_steps={EVAL_TEST_STEPS}", "--train_embeddings=true", "--merge_adapter=true"]
-    summary = vt.main(flags)
-    args = vt.parse_args(flags)
-    _, evaluation, collator, _ = vt.prepare_data(args, processor, None)
-    per_row = answer_token_nll(storage / vt.MERGED_DIR, evaluation, collator)
+    summary = vision_train.main(flags)
+    args = parse_args(flags)
+    _, evaluation, collator, _ = prepare_data(args, processor, None)
+    per_row = answer_token_nll(storage / MERGED_DIR, evaluation, collator)
     total, counts = sum(n for n, _ in per_row), [c for _, c in per_row]
     row_means = [n / c for n, c in per_row]
     token_mean, mean_of_means = total / sum(counts), sum(row_means) / len(row_means)
@@ -167,16 +174,15 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     assert summary["final_eval_loss"] == pytest.approx(token_mean, rel=LOSS_RTOL)
 
 
-def test_resume_drill_on_gcs(local_run, fake_gcs, monkeypatch, tiny_model, data, cache_dir) -> None:
+def test_resume_drill_on_gcs(local_run, fake_gcs, tiny_model, data, cache_dir) -> None:
     """Rank 1 is killed after step 3; Ray restarts the group, which resumes from the step-2 checkpoint
     on gs:// and ends at step 5 with the same per-step losses as the uninterrupted run."""
-    monkeypatch.setenv(vt.FAULT_AT_STEP_ENV, str(FAULT_AT_STEP))
     release = f"gs://{GCS_BUCKET}/drill"
-    summary = vt.main([*job_flags(tiny_model, data, cache_dir, release, DRILL_MAX_STEPS, run_name="drill-1"),
-                       "--save_total_limit=1"])
+    summary = vision_train.main([*job_flags(tiny_model, data, cache_dir, release, DRILL_MAX_STEPS, run_name="drill-1"),
+                                 "--save_total_limit=1"], callbacks=[KillWorkerAfterStep(FAULT_AT_STEP)])
     root = f"{release}/runs/drill-1"
-    storage = vt.Storage(root=root, emulator_host=fake_gcs)
-    assert storage.read_bytes(f".fault-injected-at-step-{FAULT_AT_STEP}") is not None  # the fault did fire
+    storage = Storage(root=root, emulator_host=fake_gcs)
+    assert storage.read_bytes(fault_marker(FAULT_AT_STEP)) is not None  # the fault did fire
     assert summary["global_step"] == DRILL_MAX_STEPS
     assert summary["resumed_from_step"] == FAULT_AT_STEP - FAULT_AT_STEP % SAVE_STEPS == 2
     metrics = records(storage.read_bytes("metrics.jsonl").decode())

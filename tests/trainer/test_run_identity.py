@@ -13,9 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import vision_train as vt
+import vision_train
+from flags import UsageError, parse_args
+from runs import plan_run
+from storage import storage_for
 
 from demo.sample_data import build_sample_dataset
+from tests.trainer.faults import KillWorkerAfterStep
 from tests.trainer.test_ray_job import FAULT_AT_STEP, N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records
 
 pytestmark = pytest.mark.slow
@@ -52,7 +56,7 @@ def first_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_a_run_without_a_name_is_named_from_the_utc_time(ray_cluster, tiny_model, data, cache_dir, release,
                                                          capsys) -> None:
-    summary = vt.main(flags(tiny_model, data, cache_dir, release["root"], FIRST_STEPS, None))
+    summary = vision_train.main(flags(tiny_model, data, cache_dir, release["root"], FIRST_STEPS, None))
     line = first_line(capsys)
     match = re.fullmatch(r"fresh run (\S+) \(no --run_name given: named from the UTC time\)", line)
     assert match and UTC_NAME.fullmatch(match.group(1)), line
@@ -69,20 +73,19 @@ def test_b_a_finished_run_is_not_trained_again(ray_cluster, tiny_model, data, ca
     name = release["first"]
     run_dir = release["root"] / "runs" / name
     before = (run_dir / "metrics.jsonl").read_text()
-    summary = vt.main(flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, name))
+    summary = vision_train.main(flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, name))
     assert first_line(capsys) == f"run {name} already finished at step {FIRST_STEPS}; nothing to train"
     assert summary["global_step"] == FIRST_STEPS
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
 def test_c_a_new_run_name_starts_fresh_on_the_same_storage(ray_cluster, tiny_model, data, cache_dir, release,
-                                                           capsys, monkeypatch) -> None:
+                                                           capsys) -> None:
     """Before run identity, this run resumed the first run's step-2 checkpoint. Here it starts at step 1;
     its rank 1 is killed after step 3 and no restart is allowed, so it fails after its step-2 checkpoint."""
-    monkeypatch.setenv(vt.FAULT_AT_STEP_ENV, str(FAULT_AT_STEP))
     argv = flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, "second", "--max_failures=0")
     with pytest.raises(Exception, match="(?i)fail|error"):
-        vt.main(argv)
+        vision_train.main(argv, callbacks=[KillWorkerAfterStep(FAULT_AT_STEP)])
     assert first_line(capsys) == "fresh run second"
     run_dir = release["root"] / "runs" / "second"
     assert train_steps(run_dir)[: FAULT_AT_STEP - 1] == [1, 2] and max(train_steps(run_dir)) <= FAULT_AT_STEP
@@ -93,7 +96,7 @@ def test_c_a_new_run_name_starts_fresh_on_the_same_storage(ray_cluster, tiny_mod
 def test_d_a_restart_of_the_same_run_resumes_it(ray_cluster, tiny_model, data, cache_dir, release, capsys) -> None:
     """The job again with the same run name (a KubeRay retry): it resumes from the run's step-2 checkpoint."""
     run_dir = release["root"] / "runs" / "second"
-    summary = vt.main(flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, "second"))
+    summary = vision_train.main(flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, "second"))
     checkpoint = run_dir / "checkpoints" / f"checkpoint-{SAVE_STEPS:06d}"
     assert first_line(capsys) == (f"resuming second from step {SAVE_STEPS} (restart of this run: its newest "
                                   f"checkpoint {checkpoint})")
@@ -108,7 +111,7 @@ def test_e_resume_from_continues_another_run(ray_cluster, tiny_model, data, cach
     first = release["first"]
     root: Path = release["root"]
     first_summary = (root / "runs" / first / "summary.json").read_text()
-    summary = vt.main(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "third", f"--resume_from={first}"))
+    summary = vision_train.main(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "third", f"--resume_from={first}"))
     checkpoint = root / "runs" / first / "checkpoints" / f"checkpoint-{FIRST_STEPS:06d}"
     assert first_line(capsys) == f"resuming third from step {FIRST_STEPS} (--resume_from={first}: checkpoint {checkpoint})"
     assert summary["resumed_from_step"] == FIRST_STEPS and summary["global_step"] == LONGER_STEPS
@@ -127,11 +130,11 @@ def test_f_resume_from_a_checkpoint_path_or_a_missing_run(tiny_model, data, cach
     first = release["first"]
     root: Path = release["root"]
     checkpoint = root / "runs" / first / "checkpoints" / f"checkpoint-{FIRST_STEPS:06d}"
-    args = vt.parse_args(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "fourth",
+    args = parse_args(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "fourth",
                                f"--resume_from={checkpoint}"))
-    plan = vt.plan_run(args, vt.storage_for(args))
+    plan = plan_run(args, storage_for(args))
     assert plan.resume_checkpoint == str(checkpoint) and plan.finished is None
     assert plan.log_line == f"resuming fourth from step {FIRST_STEPS} (--resume_from={checkpoint}: checkpoint {checkpoint})"
-    args = vt.parse_args(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "fifth", "--resume_from=nope"))
-    with pytest.raises(vt.UsageError, match=r"resume_from=nope: no checkpoint of that run .*runs there: \[.*'second'"):
-        vt.plan_run(args, vt.storage_for(args))
+    args = parse_args(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "fifth", "--resume_from=nope"))
+    with pytest.raises(UsageError, match=r"resume_from=nope: no checkpoint of that run .*runs there: \[.*'second'"):
+        plan_run(args, storage_for(args))

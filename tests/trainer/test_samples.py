@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import samples
 import torch
-import vision_train as vt
 import yaml
+from data import decode_image, image_bytes
+from flags import ANSWER_FIELD, IMAGE_FIELD, parse_args
+from model import build_trainer, load_model
 from PIL import Image
 
 from demo.sample_data import build_sample_dataset
@@ -35,15 +37,15 @@ def demo_flags(tiny_model: Path, data: Path, cache_dir: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def trained(tiny_model: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     data = build_sample_dataset(tmp_path_factory.mktemp("data"), n_rows=N_ROWS, seed=0)
-    args = vt.parse_args(demo_flags(tiny_model, data, cache_dir))
+    args = parse_args(demo_flags(tiny_model, data, cache_dir))
     torch.manual_seed(0)
     torch.set_flush_denormal(True)
-    trainer, _, _ = vt.build_trainer(args, tiny_model, tmp_path_factory.mktemp("out"), torch.device("cpu"), None)
+    trainer, _, _ = build_trainer(args, tiny_model, tmp_path_factory.mktemp("out"), torch.device("cpu"), None)
     trainer.train()
     evaluation, collator = trainer.eval_dataset, trainer.data_collator
     ids = samples.pick_rows(len(evaluation), N_SAMPLES)
     rows = [evaluation[i] for i in ids]
-    images = [vt.decode_image(vt.image_bytes(r[vt.IMAGE_FIELD], collator.image_base, None)) for r in rows]
+    images = [decode_image(image_bytes(r[IMAGE_FIELD], collator.image_base, None)) for r in rows]
     log: list[str] = []
     settings = samples.SampleSettings(rows=N_SAMPLES, max_new_tokens=MAX_NEW_TOKENS, batch_size=3, budget_s=600)
     trainer.model.train()  # as in a callback mid-training: collect_samples must hand it back in this mode
@@ -64,7 +66,7 @@ def test_fine_tuned_differs_from_base_and_is_closer_to_the_reference(trained: di
 
 def test_base_output_is_the_untrained_model(trained: dict[str, Any], tiny_model: Path) -> None:
     """disable_adapter() gives exactly what the base model writes (LoRA and the trained embeddings off)."""
-    base_model = vt.load_model(vt.parse_args(["--use_gpu=false", "--quantization=none",
+    base_model = load_model(parse_args(["--use_gpu=false", "--quantization=none",
                                               "--attn_implementation=eager"]), tiny_model, torch.device("cpu"))
     base = samples.generate(base_model.eval(), trained["collator"].encoder, trained["rows"], trained["images"],
                             MAX_NEW_TOKENS)
@@ -75,7 +77,7 @@ def test_records_carry_what_the_report_needs(trained: dict[str, Any]) -> None:
     r = trained["records"][0]
     row = trained["rows"][0]
     assert r["row_id"] == trained["ids"][0]
-    assert (r["product"], r["category"], r["reference"]) == (row["product"], row["category"], row[vt.ANSWER_FIELD])
+    assert (r["product"], r["category"], r["reference"]) == (row["product"], row["category"], row[ANSWER_FIELD])
     assert 0 < r["tokens"]["finetuned_output"] <= MAX_NEW_TOKENS and r["tokens"]["prompt"] > 0
     assert r["tokens"]["reference"] > 0
     head, _, payload = r["thumbnail"].partition(";base64,")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import scan_store
-import vision_train as vt
+from storage import Storage
 
 ROWS = 23
 BAD = {3: "corrupt_image", 11: "too_long", 22: "empty_answer"}
@@ -60,8 +60,8 @@ def in_group(files, key: str, scan, world: int) -> list[scan_store.ScanResult]:
 
 
 @pytest.fixture
-def files(tmp_path: Path) -> vt.Storage:
-    return vt.Storage(root=str(tmp_path / "runs" / "r1"))
+def files(tmp_path: Path) -> Storage:
+    return Storage(root=str(tmp_path / "runs" / "r1"))
 
 
 def test_a_restart_reuses_the_scan(files) -> None:

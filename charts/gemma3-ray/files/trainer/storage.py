@@ -1,0 +1,186 @@
+"""Where files live: gs:// or local storage, and the node cache that fetches once per node.
+
+One pyarrow filesystem for gs:// (real GCS or an emulator) and local paths; a file lock per node keeps
+the model and data downloads to one per node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from flags import TrainArguments, UsageError
+
+# The fake GCS server (tests, demo): `http://host:port`; pyarrow then talks plain HTTP, anonymously.
+STORAGE_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def run_root(args: TrainArguments) -> str:
+    """The run's root: storage_path, else gs://<gcs_bucket>/<output_dir>, else ./<output_dir>."""
+    if args.storage_path:
+        return args.storage_path.rstrip("/")
+    if args.gcs_bucket:
+        return f"gs://{args.gcs_bucket}/{args.output_dir.strip('/')}"
+    return str(Path(args.output_dir).resolve())
+
+
+def filesystem(uri: str, emulator_host: str | None = None):
+    """(pyarrow filesystem, path without scheme) for a gs:// URI or a local path."""
+    import pyarrow.fs as pafs
+
+    if uri.startswith("gs://"):
+        path = uri[len("gs://") :]
+        if emulator_host:
+            scheme, _, host = emulator_host.rpartition("://")
+            return pafs.GcsFileSystem(anonymous=True, endpoint_override=host, scheme=scheme or "http"), path
+        return pafs.GcsFileSystem(), path
+    if "://" in uri:
+        raise UsageError(f"unsupported storage scheme in {uri!r}: use gs://bucket/prefix or a local path")
+    return pafs.LocalFileSystem(), str(Path(uri).resolve())
+
+
+@dataclass
+class Storage:
+    """Where the run's files go. Picklable: it travels to the Ray workers in the train config."""
+
+    root: str
+    emulator_host: str | None = None
+
+    def fs(self):
+        return filesystem(self.root, self.emulator_host)
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        fs, base = self.fs()
+        path = f"{base}/{rel}"
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        if fs.get_file_info(f"{base}/{rel}").type != pafs.FileType.File:
+            return None
+        with fs.open_input_stream(f"{base}/{rel}") as src:
+            return src.read()
+
+    def child(self, rel: str) -> Storage:
+        return Storage(root=self.uri(rel), emulator_host=self.emulator_host)
+
+    def exists(self, rel: str) -> bool:
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        return fs.get_file_info(f"{base}/{rel}").type != pafs.FileType.NotFound
+
+    def list_dir(self, rel: str) -> list[str]:
+        """Names directly under `rel` (empty when it does not exist)."""
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{rel}", allow_not_found=True))
+        return sorted(Path(i.path).name for i in infos)
+
+    def append(self, rel: str, data: bytes, local_copy: Path) -> None:
+        """Append `data` to `rel`. GCS objects cannot grow, so on gs:// the whole local copy (which
+        already ends with `data`) is uploaded in one write; on a file system the bytes are appended."""
+        if self.root.startswith("gs://"):
+            self.write_bytes(rel, local_copy.read_bytes())
+            return
+        fs, base = self.fs()
+        path = f"{base}/{rel}"
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_append_stream(path) as out:
+            out.write(data)
+
+    def upload_dir(self, local: Path, rel: str) -> None:
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        fs.create_dir(f"{base}/{rel}", recursive=True)
+        pafs.copy_files(str(local), f"{base}/{rel}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def storage_for(args: TrainArguments) -> Storage:
+    """The release's storage root (runs live under it)."""
+    return storage_at(run_root(args))
+
+
+def storage_at(uri: str) -> Storage:
+    return Storage(root=uri.rstrip("/"), emulator_host=os.environ.get(STORAGE_EMULATOR_ENV) if uri.startswith("gs://")
+                   else None)
+
+
+def cache_root(args: TrainArguments) -> Path:
+    if args.cache_dir:
+        return Path(args.cache_dir)
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+
+
+@contextlib.contextmanager
+def node_lock(cache: Path, name: str) -> Iterator[None]:
+    """An exclusive lock shared by every process of this node that uses `cache`."""
+    lock = cache / "locks" / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def copy_from_gcs(uri: str, cache: Path, emulator_host: str | None) -> Path:
+    """Copy a gs:// file or prefix into the node cache once; later calls reuse the copy."""
+    import pyarrow.fs as pafs
+
+    dest = cache / "gcs" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    with node_lock(cache, f"gcs:{uri}"):
+        done = dest / ".complete"
+        if not done.exists():
+            fs, path = filesystem(uri, emulator_host)
+            info = fs.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                raise UsageError(f"{uri} does not exist")
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            if info.type == pafs.FileType.File:
+                pafs.copy_files(path, str(dest / Path(path).name), source_filesystem=fs)
+            else:
+                pafs.copy_files(path, str(dest), source_filesystem=fs)
+            done.touch()
+    if (dest / Path(uri).name).is_file():
+        return dest / Path(uri).name
+    return dest
+
+
+def fetch_model(args: TrainArguments, emulator_host: str | None = None) -> Path:
+    """A local directory with the model and processor: as given, copied from gs://, or from the hub."""
+    if Path(args.model_id).is_dir():
+        return Path(args.model_id)
+    cache = cache_root(args)
+    if args.model_id.startswith("gs://"):
+        return copy_from_gcs(args.model_id, cache, emulator_host)
+    from huggingface_hub import snapshot_download
+
+    with node_lock(cache, f"model:{args.model_id}"):
+        return Path(
+            snapshot_download(
+                args.model_id,
+                cache_dir=str(cache / "hub") if args.cache_dir else None,
+                token=os.environ.get("HF_TOKEN"),
+                allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja", "*.txt"],
+            )
+        )
+
+

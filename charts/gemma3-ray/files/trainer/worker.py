@@ -1,0 +1,141 @@
+"""One Ray Train worker: resume point, callbacks, SFTTrainer, and the end of the run.
+
+Runs on the GPU nodes; the driver never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flags import TrainArguments
+from metrics import RunReporter, build_summary, write_summary
+from model import build_trainer
+from runs import FINAL_DIR, MERGED_DIR, TENSORBOARD_DIR, TRAINER_STATE_FILE
+from storage import Storage, fetch_model, filesystem
+
+# Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+@dataclass
+class WorkerContext:
+    """What a callback factory gets on each worker."""
+
+    args: TrainArguments
+    storage: Storage  # the run's directory
+    rank: int
+    world_size: int
+    local_dir: Path  # this worker's scratch (the SFTTrainer's output_dir)
+
+
+# Builds one transformers TrainerCallback per worker (or None for none); passed to vision_train.main by
+# tests and add-ons, pickled to the workers with the train config.
+CallbackFactory = Callable[[WorkerContext], Any]
+
+
+def build_callbacks(ctx: WorkerContext, reporter: RunReporter, factories: list[CallbackFactory]) -> list[Any]:
+    """Every callback of the SFTTrainer, in order: the run's reporter first, then the factories' ones."""
+    callbacks: list[Any] = [reporter]
+    for factory in factories:
+        callback = factory(ctx)
+        if callback is not None:
+            callbacks.append(callback)
+    return callbacks
+
+
+def resume_checkpoint(config: dict[str, Any], storage: Storage):
+    """This run's newest checkpoint (Ray Train restores it on every restart), else the earlier run's
+    checkpoint that --resume_from named, else None."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and config.get("resume_checkpoint"):
+        fs, path = filesystem(config["resume_checkpoint"], storage.emulator_host)
+        checkpoint = ray.train.Checkpoint(path=path, filesystem=fs)
+    return checkpoint
+
+
+def train(config: dict[str, Any]) -> None:
+    """The body of Ray Train's train_loop_per_worker."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    args = TrainArguments(**config["args"])
+    storage = Storage(**config["storage"])
+    if args.use_gpu:  # before the first CUDA allocation of this worker process
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
+    train_ctx = ray.train.get_context()
+    rank, world_size = train_ctx.get_world_rank(), train_ctx.get_world_size()
+    if not args.use_gpu:
+        torch.set_flush_denormal(True)  # CPU: denormals make small models ~8x slower
+    device = ray.train.torch.get_device()
+    model_dir = fetch_model(args, storage.emulator_host)
+    local_dir = Path(tempfile.mkdtemp(prefix=f"gemma3-ray-rank{rank}-"))
+    tb_dir = local_dir / TENSORBOARD_DIR
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(tb_dir)
+    ctx = WorkerContext(args, storage, rank, world_size, local_dir)
+
+    checkpoint = resume_checkpoint(config, storage)
+    resume_dir = None
+    resumed_from_step = None
+    with contextlib.ExitStack() as stack:
+        if checkpoint is not None:
+            resume_dir = stack.enter_context(checkpoint.as_directory())
+            resumed_from_step = int(json.loads((Path(resume_dir) / TRAINER_STATE_FILE).read_text())["global_step"])
+            if rank == 0:
+                print(f"[rank 0] resuming from {checkpoint.path} at step {resumed_from_step}", flush=True)
+        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
+        reporter = RunReporter(storage, rank, global_batch, tb_dir, local_dir, resumed_from_step)
+        callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
+        trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host, callbacks)
+        if rank == 0:
+            print(f"[data] {json.dumps(stats)}", flush=True)
+            trainer.model.print_trainable_parameters()
+        result = trainer.train(resume_from_checkpoint=resume_dir)
+    # The same decision on every rank (evaluation is collective): from the trainer state, not rank 0's records.
+    evaluated_last = any(
+        "eval_loss" in h and h.get("step") == trainer.state.global_step for h in trainer.state.log_history
+    )
+    final_eval = trainer.evaluate() if trainer.eval_dataset is not None and not evaluated_last else {}
+
+    summary: dict[str, Any] = {}
+    if rank == 0:
+        extra = {"run_name": config["run_name"], "resumed_from_step": resumed_from_step}
+        summary = finish(ctx, trainer, processor, stats, reporter, result, final_eval, extra)
+    ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
+                                                                          if isinstance(v, int | float)}})
+
+
+def finish(ctx: WorkerContext, trainer, processor, stats: dict[str, Any], reporter: RunReporter, result,
+           final_eval: dict[str, float], extra: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0, at the end of the run: final/ (and merged/, the hub), TensorBoard, summary.json."""
+    args, storage = ctx.args, ctx.storage
+    out = Path(trainer.args.output_dir) / FINAL_DIR
+    trainer.model.save_pretrained(str(out))
+    processor.save_pretrained(str(out))
+    storage.upload_dir(out, FINAL_DIR)
+    merged_uri = None
+    if args.merge_adapter:
+        merged = trainer.model.merge_and_unload()
+        merged.save_pretrained(str(out.parent / MERGED_DIR))
+        processor.save_pretrained(str(out.parent / MERGED_DIR))
+        storage.upload_dir(out.parent / MERGED_DIR, MERGED_DIR)
+        merged_uri = storage.uri(MERGED_DIR)
+    hub_repo = (args.hub_model_id or Path(args.output_dir).name) if args.push_to_hub else None
+    if hub_repo:
+        trainer.model.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
+        processor.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
+    if reporter.tb_dir.is_dir():
+        storage.upload_dir(reporter.tb_dir, TENSORBOARD_DIR)
+    summary = build_summary(trainer, storage, stats, reporter, result, final_eval, {
+        **extra, "final_adapter": storage.uri(FINAL_DIR), "merged_model": merged_uri, "hub_model_id": hub_repo})
+    write_summary(storage, summary)
+    return summary

@@ -1,0 +1,37 @@
+"""Test-only fault injection for the trainer: a worker callback factory (vision_train.main(callbacks=…))
+that kills one worker's process once, right after an optimizer step, to drill Ray's restart and resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from transformers import TrainerCallback
+
+
+def marker(step: int) -> str:
+    """The file in the run's directory that says the fault already fired."""
+    return f".fault-injected-at-step-{step}"
+
+
+class _KillOnce(TrainerCallback):
+    def __init__(self, step: int, storage) -> None:
+        self.step, self.storage = step, storage
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and self.storage.read_bytes(marker(self.step)) is None:
+            self.storage.write_bytes(marker(self.step), str(os.getpid()).encode())
+            print(f"[fault injection] killing worker pid {os.getpid()} after step {state.global_step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class KillWorkerAfterStep:
+    """The worker of rank 1 (rank 0 when alone) kills its own process once, after optimizer step `step`; a
+    marker in the run's storage keeps it from firing again after Ray restarts the group."""
+
+    step: int
+
+    def __call__(self, ctx):
+        return _KillOnce(self.step, ctx.storage) if ctx.rank == min(1, ctx.world_size - 1) else None

@@ -1,0 +1,73 @@
+"""The driver is light (issue #11): the entry module and everything the head imports to parse, validate
+and plan a run use only the standard library and Ray. Checked in a subprocess in which torch,
+transformers, trl, peft, datasets, PIL (and the other worker packages) cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = ROOT / "trainer" / "vision_train.py"
+WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes",
+                   "liger_kernel", "huggingface_hub", "safetensors", "tensorboardX")
+# Runs the entry point as `python vision_train.py ARGS` does, with a meta-path finder that refuses the
+# worker packages; then says which top-level modules got imported.
+RUNNER = """
+import json, runpy, sys
+BLOCKED = set(json.loads(sys.argv[1]))
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name} is not importable in this test", name=name)
+        return None
+sys.meta_path.insert(0, Refuse())
+script, sys.argv = sys.argv[2], [sys.argv[2], *sys.argv[3:]]
+sys.path.insert(0, script.rsplit("/", 1)[0])
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    print("IMPORTED", json.dumps(sorted({m.partition(".")[0] for m in sys.modules})), file=sys.stderr)
+"""
+
+
+def run_entry(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", RUNNER, json.dumps(WORKER_PACKAGES), str(ENTRY), *argv],
+                          capture_output=True, text=True, timeout=120)
+
+
+def imported(proc: subprocess.CompletedProcess) -> set[str]:
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("IMPORTED "))
+    return set(json.loads(line.removeprefix("IMPORTED ")))
+
+
+def test_help_needs_no_worker_package() -> None:
+    proc = run_entry("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: vision_train.py")
+    for name in ("--model_id", "--run_name", "--resume_from", "--recipe", "--bad_rows"):
+        assert name in proc.stdout, name
+    assert not imported(proc) & set(WORKER_PACKAGES)
+
+
+def test_flag_validation_needs_no_worker_package() -> None:
+    proc = run_entry("--use_gpu=false", "--quantization=4bit", "--lora_r=0", "--lora_rank=4")
+    assert proc.returncode == 2, proc.stderr
+    assert "--lora_rank (did you mean --lora_r?)" in proc.stderr
+    proc = run_entry("--use_gpu=false", "--quantization=4bit", "--lora_r=0")
+    assert proc.returncode == 2, proc.stderr
+    assert "quantization=4bit needs GPUs" in proc.stderr and "lora_r must be >= 1" in proc.stderr
+    assert not imported(proc) & set(WORKER_PACKAGES)
+
+
+def test_the_run_plan_needs_no_worker_package(tmp_path: Path) -> None:
+    """The driver decides about the run (here: it already finished) with the worker packages unimportable."""
+    run = tmp_path / "runs" / "done"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"run_name": "done", "completed": True, "global_step": 7}))
+    proc = run_entry("--use_gpu=false", "--quantization=none", f"--storage_path={tmp_path}", "--run_name=done")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "run done already finished at step 7; nothing to train"
+    assert not imported(proc) & set(WORKER_PACKAGES)

@@ -1,0 +1,245 @@
+"""The rows: sources, schema check, lazy images, the bad-row scan, the split and the collator.
+
+Sources are hub ids or local/gs:// parquet/jsonl; images stay encoded until the collator decodes a
+micro-batch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from encoding import SampleEncoder
+from flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError, column_mapping
+from storage import cache_root, copy_from_gcs, filesystem, node_lock
+
+SCAN_BATCH_ROWS = 64
+
+
+DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
+
+
+def is_file_source(name: str) -> bool:
+    return name.startswith("gs://") or name.startswith("/") or name.startswith(".") or Path(name).exists()
+
+
+def data_files(name: str, local: Path) -> tuple[list[Path], str]:
+    """The data files under a local path and the builder that reads them (parquet or json)."""
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.suffix in DATA_SUFFIXES)
+    kinds = {DATA_SUFFIXES.get(p.suffix) for p in files}
+    if not files or None in kinds or len(kinds) != 1:
+        raise UsageError(
+            f"dataset_name: {name} must be one .parquet/.jsonl file or a directory of one kind of them "
+            f"(found {[p.name for p in files][:5]})"
+        )
+    return files, kinds.pop()
+
+
+def load_rows(args: TrainArguments, emulator_host: str | None = None):
+    """(raw rows as a memory-mapped `datasets.Dataset` with images not decoded, base of relative image paths)."""
+    import datasets
+
+    cache = cache_root(args)
+    ds_cache = str(cache / "datasets") if args.cache_dir else None
+    name = args.dataset_name
+    if not is_file_source(name):
+        with node_lock(cache, f"dataset:{name}"):
+            ds = datasets.load_dataset(name, split="train", cache_dir=ds_cache, token=os.environ.get("HF_TOKEN"))
+        return ds, "."
+    local = copy_from_gcs(name, cache, emulator_host) if name.startswith("gs://") else Path(name)
+    if not local.exists():
+        raise UsageError(f"dataset_name: {name} does not exist")
+    files, builder = data_files(name, local)
+    with node_lock(cache, f"dataset:{local}"):
+        ds = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", cache_dir=ds_cache)
+    # Relative image paths resolve against the data's directory (the gs:// prefix for gs:// data).
+    if name.startswith("gs://"):
+        image_base = name.rstrip("/") if local.is_dir() else name.rsplit("/", 1)[0]
+    else:
+        image_base = str(local.resolve() if local.is_dir() else local.resolve().parent)
+    return ds, image_base
+
+
+def check_schema(columns: list[str], mapping: dict[str, str], source: str) -> None:
+    """Fail before any model download when a mapped column is missing."""
+    missing = {f: c for f, c in mapping.items() if c not in columns}
+    if missing:
+        wanted = ", ".join(f"{c!r} (for {f})" for f, c in missing.items())
+        raise UsageError(
+            f"dataset {source}: missing column(s) {wanted}. Expected columns {sorted(set(mapping.values()))}, "
+            f"found {sorted(columns)}. Rename them with --column_mapping, "
+            f'e.g. --column_mapping={{"{next(iter(missing))}":"<your column>"}}.'
+        )
+
+
+def canonical_rows(ds, mapping: dict[str, str]):
+    """Only the mapped columns, renamed to the job's fields, images left encoded."""
+    import datasets
+
+    ds = ds.select_columns(sorted(set(mapping.values())))
+    feature = ds.features[mapping[IMAGE_FIELD]]
+    if isinstance(feature, datasets.Image) and feature.decode:
+        ds = ds.cast_column(mapping[IMAGE_FIELD], datasets.Image(decode=False))
+    by_column: dict[str, list[str]] = {}
+    for f, c in mapping.items():
+        by_column.setdefault(c, []).append(f)
+    for c, fields in by_column.items():  # one column may feed several fields
+        for extra in fields[1:]:
+            ds = ds.add_column(extra, ds[c])
+        if fields[0] != c:
+            ds = ds.rename_column(c, fields[0])
+    return ds
+
+
+def image_bytes(value: Any, image_base: str, emulator_host: str | None) -> bytes | None:
+    """The encoded image of a row: {bytes, path} struct, raw bytes, or a local/gs:// path."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            return value["bytes"]
+        value = value.get("path")
+        if not value:
+            return None
+    if isinstance(value, bytes | bytearray):
+        return bytes(value) or None
+    path = str(value)
+    if not path.startswith("gs://") and not os.path.isabs(path):
+        path = f"{image_base}/{path}"
+    if path.startswith("gs://"):
+        fs, p = filesystem(path, emulator_host)
+        try:
+            with fs.open_input_stream(p) as src:
+                return src.read()
+        except (FileNotFoundError, OSError):
+            return None
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None
+
+
+def decode_image(data: bytes):
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return im.convert("RGB")
+
+
+class Collator:
+    """Decodes the images of a micro-batch (lazily: only here) and encodes it."""
+
+    def __init__(self, encoder: SampleEncoder, image_base: str, emulator_host: str | None):
+        self.encoder, self.image_base, self.emulator_host = encoder, image_base, emulator_host
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        images = []
+        for r in rows:
+            data = image_bytes(r[IMAGE_FIELD], self.image_base, self.emulator_host)
+            if data is None:
+                raise RuntimeError(f"image vanished after the scan: {str(r[IMAGE_FIELD])[:80]}")
+            images.append(decode_image(data))
+        return self.encoder(rows, images)
+
+
+def row_problem(row: dict[str, Any], encoder: SampleEncoder, image_base: str, emulator_host: str | None,
+                max_seq_length: int) -> str | None:
+    """Why a row cannot be trained on, or None."""
+    from PIL import Image, UnidentifiedImageError
+
+    answer = row.get(ANSWER_FIELD)
+    if not isinstance(answer, str) or not answer.strip():
+        return "empty_answer"
+    for f in encoder.fields:
+        if row.get(f) is None or (isinstance(row[f], str) and not row[f].strip()):
+            return "empty_prompt_field"
+    data = image_bytes(row.get(IMAGE_FIELD), image_base, emulator_host)
+    if data is None:
+        return "missing_image"
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return "corrupt_image"
+    if encoder.num_tokens(row) > max_seq_length:
+        return "too_long"
+    return None
+
+
+def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str, emulator_host: str | None):
+    """(rows without the bad ones, Counter of skipped rows by reason). bad_rows=fail raises instead."""
+    keep: list[int] = []
+    skipped: Counter[str] = Counter()
+    for start in range(0, len(ds), SCAN_BATCH_ROWS):
+        chunk = ds[start : start + SCAN_BATCH_ROWS]
+        for i in range(len(next(iter(chunk.values())))):
+            row = {k: v[i] for k, v in chunk.items()}
+            problem = row_problem(row, encoder, image_base, emulator_host, args.max_seq_length)
+            if problem is None:
+                keep.append(start + i)
+                continue
+            if args.bad_rows == "fail":
+                hint = " (raise --max_seq_length)" if problem == "too_long" else ""
+                raise UsageError(f"row {start + i}: {problem}{hint}; --bad_rows=skip would skip such rows")
+            skipped[problem] += 1
+    if not keep:
+        raise UsageError(f"no usable rows in {args.dataset_name} (skipped: {dict(skipped)})")
+    return ds.select(keep), skipped
+
+
+def split_rows(ds, args: TrainArguments):
+    """Deterministic (train, eval or None) by eval_fraction and seed."""
+    n_eval = math.ceil(len(ds) * args.eval_fraction) if args.eval_fraction > 0 else 0
+    if n_eval == 0:
+        return ds, None
+    if n_eval >= len(ds):
+        raise UsageError(f"eval_fraction={args.eval_fraction} leaves no training rows out of {len(ds)}")
+    parts = ds.train_test_split(test_size=n_eval, seed=args.seed, shuffle=True)
+    return parts["train"], parts["test"]
+
+
+def prepare_data(args: TrainArguments, processor, emulator_host: str | None):
+    """Everything a worker needs from the data: (train, eval, collator, stats)."""
+    mapping = column_mapping(args)
+    raw, image_base = load_rows(args, emulator_host)
+    check_schema(list(raw.column_names), mapping, args.dataset_name)
+    rows = canonical_rows(raw, mapping)
+    encoder = SampleEncoder(processor, args)
+    rows, skipped = clean_rows(rows, encoder, args, image_base, emulator_host)
+    train, evaluation = split_rows(rows, args)
+    stats = {
+        "rows": len(raw),
+        "train_rows": len(train),
+        "eval_rows": len(evaluation) if evaluation is not None else 0,
+        "skipped_rows": dict(skipped),
+    }
+    return train, evaluation, Collator(encoder, image_base, emulator_host), stats
+
+
+def check_dataset_before_download(args: TrainArguments, emulator_host: str | None) -> None:
+    """Columns of the data, checked before any model download (reads only the schema where it can)."""
+    mapping = column_mapping(args)
+    name = args.dataset_name
+    if is_file_source(name) and not name.startswith("gs://"):
+        path = Path(name)
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+        if not files:
+            raise UsageError(f"dataset_name: no .parquet/.jsonl files at {name}")
+        if files[0].suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            columns = pq.read_schema(files[0]).names
+        else:
+            with open(files[0]) as fh:
+                first = fh.readline()
+            columns = list(json.loads(first).keys()) if first.strip() else []
+        check_schema(columns, mapping, name)
+        return
+    check_schema(list(load_rows(args, emulator_host)[0].column_names), mapping, name)
+
+

@@ -1,0 +1,339 @@
+"""The job's flags: the dataclass, the recipe defaults and the checks, in one place.
+
+Names, defaults and help live on the dataclass; the recipes fill the speed flags left unset; the checks
+reject bad combinations before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+import re
+import string
+import sys
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# ----------------------------------------------------------------------------------------------
+# The tutorial's task: a product description from the product name, its category and its photo.
+# ----------------------------------------------------------------------------------------------
+DEFAULT_SYSTEM_MESSAGE = "You are an expert product description writer for Amazon."
+DEFAULT_PROMPT_TEMPLATE = """Create a Short Product description based on the provided <PRODUCT> and <CATEGORY> and image.
+Only return description. The description should be SEO optimized and for a better mobile search experience.
+
+<PRODUCT>
+{product}
+</PRODUCT>
+
+<CATEGORY>
+{category}
+</CATEGORY>
+"""
+# Field of the job -> column of the dataset. `image` and `answer` are always needed; every
+# `{placeholder}` of the prompt template is a field too. `--column_mapping` overrides entries.
+IMAGE_FIELD = "image"
+ANSWER_FIELD = "answer"
+DEFAULT_COLUMN_MAPPING = {
+    IMAGE_FIELD: "image",
+    ANSWER_FIELD: "description",
+    "product": "Product Name",
+    "category": "Category",
+}
+RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+# ----------------------------------------------------------------------------------------------
+# Recipes: the one place the speed/memory flags get their defaults. A flag given on the command line
+# always wins. Columns: the fast recipe, the tutorial's recipe, and what either becomes on CPU workers
+# (KEEP: the recipe's value; the CPU path has no Triton kernels, trains in fp32, decodes in-process).
+# bench/RESULTS.md measures both recipes.
+# ----------------------------------------------------------------------------------------------
+KEEP = object()
+RECIPE_COLUMNS = ("fast", "tutorial")
+RECIPES: dict[str, tuple[Any, Any, Any]] = {
+    #                              fast    tutorial  on CPU
+    "quantization":               ("none", "4bit",   KEEP),
+    "attn_implementation":        ("sdpa", "eager",  KEEP),
+    "gradient_checkpointing":     (False,  True,     KEEP),
+    # 12 x ~410 tokens: ~108 GiB peak on 4B (H200/B200); set 8 (~71 GiB) on an 80 GB H100
+    "per_device_train_batch_size": (12,    1,        KEEP),
+    "gradient_accumulation_steps": (1,     4,        KEEP),
+    "use_liger_kernel":           (True,   False,    False),
+    "adapter_dtype":              ("bf16", "fp32",   "fp32"),
+    "dataloader_num_workers":     (4,      0,        0),
+    "compile_vision":             (False,  False,    False),
+}
+# Values only a GPU worker can use: flag -> (value, why and the fix on CPU).
+GPU_ONLY: dict[str, tuple[Any, str]] = {
+    "quantization": ("4bit", "bitsandbytes; use --quantization=none with --use_gpu=false"),
+    "attn_implementation": ("flash_attention_2", "use eager or sdpa on CPU"),
+    "use_liger_kernel": (True, "Triton kernels; drop it or set --use_gpu=true"),
+    "adapter_dtype": ("bf16", "the CPU path trains in fp32; drop it or set --use_gpu=true"),
+    "compile_vision": (True, "drop it or set --use_gpu=true"),
+}
+
+
+def flag(default: Any, help: str, **rules: Any) -> Any:  # noqa: A002 - the dataclass metadata key
+    """A flag: its default, help text and range rules (`min`: >=, `above`: >, `below`: <)."""
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass
+class TrainArguments:
+    """Every flag of the job. The chart renders its `training:` map as exactly these names."""
+
+    # --- the tutorial's flags (its names; where a default differs, the help says what the tutorial used) ---
+    model_id: str = flag("google/gemma-3-4b-it", "Hub id, local directory or gs:// directory of a Gemma 3 vision model.")
+    dataset_name: str = flag("philschmid/amazon-product-descriptions-vlm",
+                             "Hub dataset id, or a local/gs:// .parquet/.jsonl file or a directory of them.")
+    output_dir: str = flag("gemma-product-description",
+                           "Folder of the runs when storage_path is unset: gs://<gcs_bucket>/<output_dir>, else "
+                           "./<output_dir> (the tutorial saved its model there on the pod's disk).")
+    gcs_bucket: str | None = flag(None, "Bucket for the runs when storage_path is unset.")
+    push_to_hub: bool = flag(False, "Push the final adapter to hub_model_id (HF_TOKEN).")
+    lora_r: int = flag(16, "LoRA rank.", min=1)
+    lora_alpha: int = flag(16, "LoRA alpha.", min=1)
+    lora_dropout: float = flag(0.05, "LoRA dropout.", min=0, below=1)
+    max_seq_length: int = flag(1024, "Longest sample in tokens (image tokens included); longer rows are skipped, "
+                                     "never cut (the tutorial: 512, truncating).", min=1)
+    num_train_epochs: float = flag(3.0, "Epochs (max_steps wins when > 0).")
+    per_device_train_batch_size: int | None = flag(
+        None, "Samples per worker per micro-batch (default: from --recipe; tutorial: 1).", min=1)
+    gradient_accumulation_steps: int | None = flag(
+        None, "Micro-batches per optimizer step (default: from --recipe; tutorial: 4).", min=1)
+    learning_rate: float = flag(2e-4, "Peak learning rate (constant schedule).", above=0)
+    logging_steps: int = flag(5, "Log every N optimizer steps (the tutorial: 10).", min=1)
+    save_strategy: Literal["steps", "epoch", "no"] = flag("epoch", "When to checkpoint.")
+    save_steps: int = flag(100, "Checkpoint every N steps (save_strategy=steps).", min=1)
+    # --- added ---
+    num_workers: int = flag(1, "Ray Train workers (one per GPU).", min=1)
+    use_gpu: bool = flag(True, "One GPU per worker; false trains on CPU (tests).")
+    accelerator_type: str | None = flag(None, "Ray accelerator type, e.g. H100.")
+    storage_path: str | None = flag(None, "Root of the release's runs: gs://bucket/prefix or a local/shared path; "
+                                          "each run lives in <storage_path>/runs/<run_name>.")
+    run_name: str | None = flag(None, "This run (derived: the chart passes one per Helm revision). Its files live in "
+                                      "<storage_path>/runs/<run_name>; a restart of the same run resumes its newest "
+                                      "checkpoint, a finished run is not trained again (default: a fresh name from "
+                                      "the UTC time).")
+    resume_from: str = flag("", "Continue an earlier run: its run name (under <storage_path>/runs/) or the gs:// or "
+                                "local path of a checkpoint ('' starts fresh). This run's own checkpoints win.")
+    recipe: Literal["fast", "tutorial"] = flag(
+        "fast", "Preset for the speed/memory flags left unset: fast (bf16 LoRA, sdpa, no checkpointing, batch 12, "
+                "Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200) or tutorial (the "
+                "tutorial's QLoRA: 4-bit, eager, checkpointing, batch 1 x 4; fits small GPUs). See bench/RESULTS.md.")
+    quantization: Literal["none", "4bit"] | None = flag(None, "4bit = QLoRA (NF4) (default: from --recipe).")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = flag(
+        None, "Attention kernel (default: from --recipe).")
+    gradient_checkpointing: bool | None = flag(None, "Recompute activations in backward (default: from --recipe).")
+    use_liger_kernel: bool | None = flag(None, "Liger's Triton RMSNorm/GeGLU/RoPE kernels (GPU; default: from --recipe).")
+    adapter_dtype: Literal["bf16", "fp32"] | None = flag(
+        None, "LoRA weight dtype on a bf16 base: bf16 skips the fp32 casts (default: from --recipe).")
+    lora_target: Literal["all-linear", "language-model"] = flag(
+        "all-linear", "LoRA on every linear layer (vision too) or on the language model only.")
+    train_embeddings: bool = flag(False, "Also train the (tied) token embeddings / LM head: ~0.7B params on 4B.")
+    freeze_vision: bool = flag(False, "Run the vision tower without gradients (needs lora_target=language-model).")
+    max_steps: int = flag(-1, "Stop after N optimizer steps (-1: use epochs).")
+    eval_fraction: float = flag(0.05, "Held-out share of the rows, for eval loss (0 disables eval; the tutorial held "
+                                      "nothing out).", min=0, below=1)
+    eval_steps: int | None = flag(None, "Evaluate every N steps (default: at each save).", min=1)
+    seed: int = flag(42, "Seed of the split, the shuffling and the adapter init.")
+    column_mapping: str = flag("{}", 'JSON {field: column}, e.g. {"image":"img","answer":"caption"}.')
+    prompt_template: str = flag(DEFAULT_PROMPT_TEMPLATE, "User prompt; {field} placeholders are filled per row.")
+    system_message: str = flag(DEFAULT_SYSTEM_MESSAGE, "System prompt ('' for none).")
+    bad_rows: Literal["skip", "fail"] = flag("skip", "Missing/corrupt image, empty text or too long: skip (counted) "
+                                                     "or fail.")
+    max_failures: int = flag(3, "Worker-group restarts Ray may do (-1: unlimited).", min=-1)
+    save_total_limit: int = flag(2, "Checkpoints kept in storage.", min=1)
+    hub_model_id: str | None = flag(None, "Hub repo for push_to_hub.")
+    merge_adapter: bool = flag(False, "Also write a merged model to the run's merged/.")
+    cache_dir: str | None = flag(None, "Node-local cache for the model and data (default: the HF cache).")
+    compile_vision: bool | None = flag(None, "torch.compile each SigLIP encoder layer (static shapes: compiles once; "
+                                             "GPU; default: from --recipe).")
+    dataloader_num_workers: int | None = flag(
+        None, "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU).", min=0)
+
+
+class UsageError(ValueError):
+    """A flag or an input the user has to fix; the message says which and how."""
+
+
+# Combinations no flag's own range can catch: (is it wrong?, the fix). Messages format with `a` = the args.
+CONFLICTS: list[tuple[Callable[[TrainArguments], Any], str]] = [
+    (lambda a: a.max_steps <= 0 and a.num_train_epochs <= 0, "set max_steps > 0 or num_train_epochs > 0"),
+    (lambda a: a.accelerator_type and not a.use_gpu,
+     "accelerator_type needs --use_gpu=true (CPU workers have no accelerator)"),
+    (lambda a: a.freeze_vision and a.lora_target == "all-linear",
+     "freeze_vision=true leaves the vision tower without LoRA: set --lora_target=language-model"),
+    (lambda a: a.merge_adapter and a.quantization == "4bit",
+     "merge_adapter=true cannot merge into a 4-bit base (lossy); train with --quantization=none, "
+     "or merge the adapter in final/ offline onto the bf16 base"),
+    (lambda a: a.hub_model_id and not a.push_to_hub,
+     "hub_model_id is set but push_to_hub=false: add --push_to_hub=true or drop hub_model_id"),
+    (lambda a: a.push_to_hub and not os.environ.get("HF_TOKEN"),
+     "push_to_hub=true needs the HF_TOKEN environment variable (a write token)"),
+    (lambda a: a.gcs_bucket and ("/" in a.gcs_bucket or a.gcs_bucket.startswith("gs:")),
+     "gcs_bucket is a bucket name without gs:// or a path (use storage_path for prefixes)"),
+    (lambda a: a.gcs_bucket and a.storage_path and not (a.storage_path == f"gs://{a.gcs_bucket}"
+                                                        or a.storage_path.startswith(f"gs://{a.gcs_bucket}/")),
+     "gcs_bucket={a.gcs_bucket} disagrees with storage_path={a.storage_path}; set only one"),
+    (lambda a: a.run_name is not None and not RUN_NAME_PATTERN.fullmatch(a.run_name),
+     "run_name={a.run_name!r}: use letters, digits, '.', '_' and '-' (at most 100, no '/'), "
+     "e.g. --run_name=r3-20260101-120000"),
+    (lambda a: a.resume_from and not is_checkpoint_path(a.resume_from) and not RUN_NAME_PATTERN.fullmatch(a.resume_from),
+     "resume_from={a.resume_from!r} is neither a run name nor a gs:// or local checkpoint path"),
+    (lambda a: a.resume_from and a.resume_from == a.run_name,
+     "resume_from={a.resume_from!r} names this run itself; a restart of a run resumes its own checkpoints without it"),
+]
+
+
+def is_checkpoint_path(value: str) -> bool:
+    """A resume_from value that is a path (gs://, absolute, relative with a '/'), not a run name."""
+    return value.startswith(("gs://", "/", ".")) or "/" in value
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing: `--name=value` (or `--name value`); booleans true|false; unknown names get the closest one.
+# ----------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(message)
+
+
+def _to_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _annotation(hint: Any) -> Any:
+    """`X | None` -> X."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vision_train.py", allow_abbrev=False,
+                     description="Fine-tune Gemma 3 on image-text pairs with Ray Train, TRL and PEFT (trainer/README.md).")
+    hints = typing.get_type_hints(TrainArguments, globalns=globals())  # also when loaded under another name
+    for f in dataclasses.fields(TrainArguments):
+        kind = _annotation(hints[f.name])
+        help_text = f.metadata["help"].replace("%", "%%")
+        if f.default not in (None, "") and "default" not in help_text and "\n" not in str(f.default):
+            help_text += f" (default: {str(f.default).lower() if isinstance(f.default, bool) else f.default})"
+        kwargs: dict[str, Any] = {"default": f.default, "help": help_text}
+        if kind is bool:
+            kwargs.update(type=_to_bool, nargs="?", const=True, metavar="true|false")
+        elif typing.get_origin(kind) is Literal:
+            kwargs.update(choices=list(typing.get_args(kind)))
+        else:
+            kwargs["type"] = kind
+        parser.add_argument(f"--{f.name}", **kwargs)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> TrainArguments:
+    """Parse the flags, fill the unset ones from the recipe, and check them all at once."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known = {f.name for f in dataclasses.fields(TrainArguments)}
+    unknown = []
+    for item in argv:
+        if item.startswith("--"):
+            name = item[2:].split("=", 1)[0]
+            if name not in known and name not in ("help", "h"):
+                hint = difflib.get_close_matches(name, known, n=1)
+                unknown.append(f"--{name}" + (f" (did you mean --{hint[0]}?)" if hint else ""))
+    if unknown:
+        raise UsageError(f"unknown flag(s): {', '.join(unknown)}. Known flags: see trainer/README.md.")
+    args = TrainArguments(**vars(build_parser().parse_args(argv)))
+    apply_recipe(args)
+    validate_args(args)
+    return args
+
+
+def apply_recipe(args: TrainArguments) -> None:
+    """Every speed/memory flag left unset takes its recipe's value (its CPU value on CPU workers)."""
+    column = RECIPE_COLUMNS.index(args.recipe)
+    for name, values in RECIPES.items():
+        if getattr(args, name) is None:
+            value = values[column] if args.use_gpu or values[-1] is KEEP else values[-1]
+            setattr(args, name, value)
+
+
+def _range_problem(name: str, value: Any, rules: dict[str, Any]) -> str | None:
+    low, above, below = rules.get("min"), rules.get("above"), rules.get("below")
+    if value is None or (low is None and above is None):
+        return None
+    if low is not None and below is not None:
+        return None if low <= value < below else f"{name} must be in [{low}, {below})"
+    if above is not None:
+        return None if value > above else f"{name} must be > {above}"
+    return None if value >= low else f"{name} must be >= {low}"
+
+
+def validate_args(args: TrainArguments) -> None:
+    """Reject out-of-range values and contradictory flags, all at once, each with its fix."""
+    errors = []
+    for f in dataclasses.fields(TrainArguments):
+        value = getattr(args, f.name)
+        problem = _range_problem(f.name, value, dict(f.metadata))
+        if problem:
+            errors.append(problem)
+        if not args.use_gpu and f.name in GPU_ONLY and value == GPU_ONLY[f.name][0]:
+            text = str(value).lower() if isinstance(value, bool) else value
+            errors.append(f"{f.name}={text} needs GPUs ({GPU_ONLY[f.name][1]})")
+    errors += [message.format(a=args) for wrong, message in CONFLICTS if wrong(args)]
+    try:
+        column_mapping(args)
+    except UsageError as e:
+        errors.append(str(e))
+    if errors:
+        raise UsageError("invalid flags:\n  - " + "\n  - ".join(errors))
+
+
+# ----------------------------------------------------------------------------------------------
+# The fields a row must have: image, answer, and the prompt template's placeholders.
+# ----------------------------------------------------------------------------------------------
+def prompt_fields(template: str) -> list[str]:
+    """The `{placeholder}` names of a prompt template, in order, each once."""
+    names: list[str] = []
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None and name not in names:
+            if not name.isidentifier():
+                raise UsageError(
+                    f"prompt_template: placeholder {{{name}}} is not a plain field name; use names like "
+                    "{product} and map them with column_mapping."
+                )
+            names.append(name)
+    return names
+
+
+def column_mapping(args: TrainArguments) -> dict[str, str]:
+    """Field -> dataset column, for every field the job reads."""
+    try:
+        overrides = json.loads(args.column_mapping or "{}")
+    except json.JSONDecodeError as e:
+        raise UsageError(f'column_mapping: not JSON ({e}); example: --column_mapping={{"image":"img"}}') from e
+    if not isinstance(overrides, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in overrides.items()
+    ):
+        raise UsageError('column_mapping: must be a JSON object of strings, e.g. {"answer":"caption"}')
+    fields = [IMAGE_FIELD, ANSWER_FIELD, *prompt_fields(args.prompt_template)]
+    stray = sorted(set(overrides) - set(fields))
+    if stray:
+        raise UsageError(
+            f"column_mapping: unknown field(s) {stray}; the fields are {fields} "
+            "(image, answer and the prompt_template placeholders)."
+        )
+    merged = {**DEFAULT_COLUMN_MAPPING, **overrides}
+    return {f: merged.get(f, f) for f in fields}

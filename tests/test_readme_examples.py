@@ -147,8 +147,9 @@ def _schema_has(path: list[str]) -> bool:
     return True
 
 
-def test_every_set_key_in_the_readmes_is_a_chart_value() -> None:
-    found = [(r.relative_to(ROOT).as_posix(), key) for r in READMES for key in SET_FLAG.findall(r.read_text())]
+def test_every_set_key_in_the_readmes_and_notes_is_a_chart_value() -> None:
+    notes = ROOT / "charts" / "gemma3-ray" / "templates" / "NOTES.txt"
+    found = [(r.relative_to(ROOT).as_posix(), key) for r in [*READMES, notes] for key in SET_FLAG.findall(r.read_text())]
     assert found
     bad = [f"{r}: --set {key}" for r, key in found if not _schema_has(key.split("."))]
     assert not bad, f"not a key of charts/gemma3-ray/values.schema.json: {bad}"

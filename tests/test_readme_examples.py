@@ -191,3 +191,15 @@ def test_paths_and_links_in_the_readmes_exist() -> None:
             if not link.startswith(("http://", "https://")) and not (readme.parent / link).exists():
                 missing.append(f"{readme.relative_to(ROOT)}: link {link}")
     assert not missing, missing
+
+
+def test_trainer_readme_flag_table_is_the_trainer_flags(trainer: ModuleType) -> None:
+    """trainer/README.md's flag table lists every trainer flag, and only those."""
+    import dataclasses
+
+    flags = {f.name for f in dataclasses.fields(trainer.TrainArguments)}
+    section = (ROOT / "trainer" / "README.md").read_text().split("## Flags", 1)[1].split("\n## ", 1)[0]
+    documented = {name for cell in re.findall(r"^\| ((?:`\w+`(?: / )?)+) \|", section, re.M)
+                  for name in re.findall(r"`(\w+)`", cell)}
+    assert not flags - documented, f"trainer flags missing from trainer/README.md: {sorted(flags - documented)}"
+    assert not documented - flags, f"trainer/README.md documents flags that do not exist: {sorted(documented - flags)}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import startup_timing
 from data import prepare_data
 from flags import TrainArguments, UsageError
 
@@ -161,9 +162,12 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     from transformers import AutoProcessor
     from trl import SFTTrainer
 
-    processor = AutoProcessor.from_pretrained(str(model_dir))
-    train, evaluation, collator, stats = prepare_data(args, processor, emulator_host)
-    model = load_model(args, model_dir, device)
+    with startup_timing.phase(startup_timing.MODEL):
+        processor = AutoProcessor.from_pretrained(str(model_dir))
+    with startup_timing.phase(startup_timing.DATA):
+        train, evaluation, collator, stats = prepare_data(args, processor, emulator_host)
+    with startup_timing.phase(startup_timing.MODEL):
+        model = load_model(args, model_dir, device)
     model_image_token = getattr(model.config, "image_token_id", None)
     if model_image_token is not None and model_image_token != collator.encoder.soft_token_id:
         raise UsageError(

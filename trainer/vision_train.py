@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import startup_timing
 from data import check_dataset_before_download
 from flags import UsageError, parse_args
 from runs import CHECKPOINTS_DIR, SUMMARY_FILE, plan_run
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             "resume_checkpoint": plan.resume_checkpoint,
             "code_dir": CODE_DIR,
             "callback_factories": list(callbacks or []),
+            "startup": startup_timing.driver_marks(),  # submission time and driver start, for the split
         },
         scaling_config=ray.train.ScalingConfig(
             num_workers=args.num_workers,

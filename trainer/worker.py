@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import startup_timing
 from flags import TrainArguments
 from metrics import RunReporter, build_summary, write_summary
 from model import build_trainer
@@ -68,6 +69,7 @@ def train(config: dict[str, Any]) -> None:
     import ray.train.torch
     import torch
 
+    startup_timing.begin(config.get("startup"))  # the job start split: this worker is running
     args = TrainArguments(**config["args"])
     storage = Storage(**config["storage"])
     if args.use_gpu:  # before the first CUDA allocation of this worker process
@@ -77,7 +79,8 @@ def train(config: dict[str, Any]) -> None:
     if not args.use_gpu:
         torch.set_flush_denormal(True)  # CPU: denormals make small models ~8x slower
     device = ray.train.torch.get_device()
-    model_dir = fetch_model(args, storage.emulator_host)
+    with startup_timing.phase(startup_timing.MODEL):
+        model_dir = fetch_model(args, storage.emulator_host)
     local_dir = Path(tempfile.mkdtemp(prefix=f"gemma3-ray-rank{rank}-"))
     tb_dir = local_dir / TENSORBOARD_DIR
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(tb_dir)
@@ -95,6 +98,7 @@ def train(config: dict[str, Any]) -> None:
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
         reporter = RunReporter(storage, rank, global_batch, tb_dir, local_dir, resumed_from_step)
         callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
+        callbacks.append(startup_timing.first_step_callback(rank))  # prints the split at step 1 (rank 0)
         trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host, callbacks)
         if rank == 0:
             print(f"[data] {json.dumps(stats)}", flush=True)
@@ -108,7 +112,8 @@ def train(config: dict[str, Any]) -> None:
 
     summary: dict[str, Any] = {}
     if rank == 0:
-        extra = {"run_name": config["run_name"], "resumed_from_step": resumed_from_step}
+        extra = {"run_name": config["run_name"], "resumed_from_step": resumed_from_step,
+                 "startup": startup_timing.split()}
         summary = finish(ctx, trainer, processor, stats, reporter, result, final_eval, extra)
     ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
                                                                           if isinstance(v, int | float)}})

@@ -82,8 +82,8 @@ prereqs: setup  ## plan the GCP prerequisites (dry run); APPLY=1 creates them
 helm-plugin: tools  ## install the Helm plugin as `helm gemma3-ray` (Helm 3 and 4, honours HELM_PLUGINS)
 	scripts/install-helm-plugin.sh
 
-bench: setup  ## GPU benchmark (on the GPU machine: ARGS="run --recipe default"; see bench/RESULTS.md)
-	$(PY) bench/bench.py $(ARGS)
+bench:  ## on the GPU machine: every speed row, the Ray job's steady state, the comparison table (bench/RESULTS.md)
+	bash bench/speed_call.sh
 
 clean:  ## remove local installs and caches
 	rm -rf $(VENV) $(CHECKOV_VENV) $(TOOLS) .cache .pytest_cache

@@ -78,13 +78,30 @@ TUTORIAL_FLAGS = {
     "lora_dropout": 0.05,
     "learning_rate": 0.0002,
 }
+# The tutorial's global batch; the rows below keep it on one GPU (micro-batch x accumulation).
+GLOBAL_BATCH = 64
+PLAIN_TRL_FLAGS = {
+    # TRL + PEFT as a careful user writes it: bf16, sdpa, no checkpointing, batch 8, but no Liger, PEFT's
+    # fp32 adapters, no loader processes and none of this project's levers
+    "use_liger_kernel": "false", "adapter_dtype": "fp32", "dataloader_num_workers": 0,
+    "fused_lora": "false", "vision_attention": "sdpa",
+    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 8,
+}
+ROUND1_FLAGS = {  # the fast recipe as round 1 left it (before fused LoRA and cuDNN SigLIP attention)
+    "fused_lora": "false", "vision_attention": "sdpa",
+    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 8,
+}
 RECIPES: dict[str, dict[str, Any]] = {
     "tutorial": TUTORIAL_FLAGS,
-    "default": {},
+    "plain_trl": PLAIN_TRL_FLAGS,
+    "round1": ROUND1_FLAGS,
+    "default": {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4},
     # no backward through SigLIP: LoRA on the language model only, vision tower run without gradients
-    "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model", "per_device_train_batch_size": 32},
+    "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model", "per_device_train_batch_size": 32,
+                      "gradient_accumulation_steps": 2},
     # the vision tower's encoder layers compiled (static shapes)
-    "default_compile": {"compile_vision": "true"},
+    "default_compile": {"compile_vision": "true", "per_device_train_batch_size": 16,
+                        "gradient_accumulation_steps": 4},
     # explicit flags only (after --)
     "custom": {},
 }
@@ -268,7 +285,10 @@ class StepTimer:
 
 
 def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, steps: int, phase_steps: int,
-        out: Path | None, smoke: bool = False, name: str | None = None) -> dict[str, Any]:
+        out: Path | None, smoke: bool = False, name: str | None = None, epochs: float = 0.0,
+        rows: int = 0) -> dict[str, Any]:
+    """One recipe: `warmup + steps + phase_steps` optimizer steps, or with `epochs`, that many epochs over
+    `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train()."""
     import torch
     from flags import parse_args as parse_trainer_args
     from model import build_trainer
@@ -290,13 +310,17 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         flags = dict(RECIPES[recipe])
         argv = [f"--{k}={v}" for k, v in flags.items()] + list(extra)
         args = parse_trainer_args(argv + ["--model_id=" + str(model_dir), f"--use_gpu={str(not smoke).lower()}", "--eval_fraction=0",
-                                     "--save_strategy=no", "--logging_steps=1000", "--num_workers=1",
+                                     "--save_strategy=no", "--logging_steps=1", "--num_workers=1",
                                      f"--storage_path={work / 'runs' / recipe}"])
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         total = warmup + steps + phase_steps
-        dataset = write_dataset(processor, work, max(64, per_step * total))
+        dataset = write_dataset(processor, work, rows or max(64, per_step * total))
         args.dataset_name = str(dataset)
-        args.max_steps = total
+        if epochs:
+            args.max_steps, args.num_train_epochs = -1, epochs
+            steps, phase_steps = 10**9, 0
+        else:
+            args.max_steps = total
         res["flags"] = {k: v for k, v in vars(args).items() if k not in ("prompt_template", "system_message")}
         device = torch.device("cpu" if smoke else "cuda")
         if not smoke:
@@ -311,6 +335,17 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         t_train = time.time()
         trainer.train()
         res["train_wall_s"] = round(time.time() - t_train, 1)
+        if epochs:
+            res["workload"] = {"rows": len(trainer.train_dataset), "epochs": epochs,
+                               "samples": len(trainer.train_dataset) * epochs, "train_wall_s": res["train_wall_s"],
+                               "samples_per_s": len(trainer.train_dataset) * epochs / res["train_wall_s"],
+                               "optimizer_steps": trainer.state.global_step}
+        levers = getattr(trainer, "speed_levers", {})
+        cache = levers.get("image_feature_cache")
+        res["levers"] = {k: v for k, v in levers.items() if k != "image_feature_cache"}
+        if cache is not None:
+            res["levers"]["image_feature_cache"] = {"hits": cache.hits, "misses": cache.misses,
+                                                     "gib": round(cache.bytes / 2**30, 2)}
         samples_per_step = per_step
         tsum = sum(timer.step_times)
         sps = samples_per_step * len(timer.step_times) / tsum
@@ -338,7 +373,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
             tutorial_3ep_projected_s=TUTORIAL_EPOCHS * TUTORIAL_SAMPLES / sps,
             phase_s_per_step=ph,
             trainable_params=sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-            loss_log=[h.get("loss") for h in trainer.state.log_history if "loss" in h][-3:],
+            loss_log=[h.get("loss") for h in trainer.state.log_history if "loss" in h],
             data_stats=stats,
         )
         if torch.cuda.is_available():
@@ -395,6 +430,8 @@ def main() -> None:
     r.add_argument("--phase_steps", type=int, default=2)
     r.add_argument("--out", type=Path, default=None)
     r.add_argument("--smoke", action="store_true", help="CPU check of the script with the tiny demo model")
+    r.add_argument("--epochs", type=float, default=0.0, help="time this many epochs over --rows rows instead")
+    r.add_argument("--rows", type=int, default=0, help="rows of the synthetic dataset (default: enough steps)")
     r.add_argument("flags", nargs="*", help="extra trainer flags, e.g. --per_device_train_batch_size=12")
     d = sub.add_parser("data", help="write the random 4B weights and N synthetic rows (for bench/e2e_ray.sh)")
     d.add_argument("--assets", type=Path, default=ROOT / ".bench" / "assets")
@@ -410,7 +447,8 @@ def main() -> None:
         model_dir = ensure_weights(a.assets, a.work)
         print(write_dataset(AutoProcessor.from_pretrained(model_dir), a.work, a.rows))
     else:
-        res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name)
+        res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name,
+                  a.epochs, a.rows)
         sys.exit(0 if res.get("ok") else 1)
 
 

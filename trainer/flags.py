@@ -60,13 +60,15 @@ RECIPES: dict[str, tuple[Any, Any, Any]] = {
     "quantization":               ("none", "4bit",   KEEP),
     "attn_implementation":        ("sdpa", "eager",  KEEP),
     "gradient_checkpointing":     (False,  True,     KEEP),
-    # 12 x ~410 tokens: ~108 GiB peak on 4B (H200/B200); set 8 (~71 GiB) on an 80 GB H100
-    "per_device_train_batch_size": (12,    1,        KEEP),
+    # 16 x ~410 tokens with fused LoRA: ~97-108 GiB peak on 4B (H200/B200); set 8 (~72 GiB) on an 80 GB H100
+    "per_device_train_batch_size": (16,    1,        KEEP),
     "gradient_accumulation_steps": (1,     4,        KEEP),
     "use_liger_kernel":           (True,   False,    False),
     "adapter_dtype":              ("bf16", "fp32",   "fp32"),
     "dataloader_num_workers":     (4,      0,        0),
     "compile_vision":             (False,  False,    False),
+    "fused_lora":                 (True,   False,    False),
+    "vision_attention":           ("cudnn", "sdpa",  "sdpa"),
 }
 # Values only a GPU worker can use: flag -> (value, why and the fix on CPU).
 GPU_ONLY: dict[str, tuple[Any, str]] = {
@@ -123,7 +125,7 @@ class TrainArguments:
     resume_from: str = flag("", "Continue an earlier run: its run name (under <storage_path>/runs/) or the gs:// or "
                                 "local path of a checkpoint ('' starts fresh). This run's own checkpoints win.")
     recipe: Literal["fast", "tutorial"] = flag(
-        "fast", "Preset for the speed/memory flags left unset: fast (bf16 LoRA, sdpa, no checkpointing, batch 12, "
+        "fast", "Preset for the speed/memory flags left unset: fast (bf16 fused LoRA, sdpa, no checkpointing, batch 16, "
                 "Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200) or tutorial (the "
                 "tutorial's QLoRA: 4-bit, eager, checkpointing, batch 1 x 4; fits small GPUs). See bench/RESULTS.md.")
     quantization: Literal["none", "4bit"] | None = flag(None, "4bit = QLoRA (NF4) (default: from --recipe).")
@@ -156,6 +158,12 @@ class TrainArguments:
                                              "GPU; default: from --recipe).")
     dataloader_num_workers: int | None = flag(
         None, "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU).", min=0)
+    fused_lora: bool | None = flag(None, "LoRA layers as one fused Function: dropout applied while loading x, no "
+                                         "copies (Triton; same semantics as PEFT's layer; default: from --recipe).")
+    vision_attention: Literal["sdpa", "cudnn"] | None = flag(
+        None, "SigLIP attention kernel: SDPA's choice or cuDNN's fused attention first (default: from --recipe).")
+    image_feature_cache_gib: float = flag(
+        8.0, "With freeze_vision: GPU memory for image features reused across epochs (0: off).", min=0)
 
 
 class UsageError(ValueError):

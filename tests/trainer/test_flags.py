@@ -24,7 +24,8 @@ logging_steps save_strategy save_steps num_workers use_gpu accelerator_type stor
 attn_implementation gradient_checkpointing lora_target train_embeddings freeze_vision max_steps
 eval_fraction eval_steps seed column_mapping prompt_template system_message bad_rows max_failures
 save_total_limit hub_model_id merge_adapter cache_dir dataloader_num_workers
-recipe use_liger_kernel adapter_dtype compile_vision run_name resume_from""".split()  # noqa: SIM905
+recipe use_liger_kernel adapter_dtype compile_vision run_name resume_from
+fused_lora vision_attention image_feature_cache_gib""".split()  # noqa: SIM905
 
 
 def test_flag_names_are_exactly_the_contract() -> None:

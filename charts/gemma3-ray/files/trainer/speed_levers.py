@@ -1,0 +1,30 @@
+"""The speed levers a worker applies to its model after PEFT (bench/RESULTS.md measures each).
+
+Fused LoRA layers, SigLIP's attention kernel, image-feature reuse under a frozen vision tower; torch is
+imported only by the modules these call, inside worker code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def apply(args, model) -> dict[str, Any]:
+    """The fused LoRA layers, cuDNN attention in SigLIP, and image-feature reuse (bench/RESULTS.md)."""
+    import feature_cache
+
+    levers: dict[str, Any] = {}
+    if args.fused_lora:
+        import fast_lora
+
+        levers["fused_lora"] = fast_lora.apply(model)
+        print(f"[trainer] fused LoRA layers: {levers['fused_lora']}", flush=True)
+    core = feature_cache.core_model(model)
+    if args.vision_attention == "cudnn" and args.attn_implementation == "sdpa":
+        import vision_attention
+
+        vision_attention.prefer_cudnn(core.vision_tower)
+        levers["vision_attention"] = "cudnn"
+    if args.freeze_vision and args.image_feature_cache_gib > 0:
+        levers["image_feature_cache"] = feature_cache.attach(model, args.image_feature_cache_gib)
+    return levers

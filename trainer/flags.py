@@ -113,7 +113,10 @@ class TrainArguments:
     save_strategy: Literal["steps", "epoch", "no"] = flag("epoch", "When to checkpoint.")
     save_steps: int = flag(100, "Checkpoint every N steps (save_strategy=steps).", min=1)
     # --- added ---
-    num_workers: int = flag(1, "Ray Train workers (one per GPU).", min=1)
+    num_workers: int = flag(1, "Ray Train workers (one per GPU); with min_workers, the most the job uses.", min=1)
+    min_workers: int | None = flag(
+        None, "Elastic: keep training on as few as this many workers when capacity is lost (same global batch, "
+              "more accumulation) and grow back to num_workers when it returns (unset: always num_workers).", min=1)
     use_gpu: bool = flag(True, "One GPU per worker; false trains on CPU (tests).")
     accelerator_type: str | None = flag(None, "Ray accelerator type, e.g. H100.")
     storage_path: str | None = flag(None, "Root of the release's runs: gs://bucket/prefix or a local/shared path; "
@@ -173,6 +176,9 @@ class UsageError(ValueError):
 # Combinations no flag's own range can catch: (is it wrong?, the fix). Messages format with `a` = the args.
 CONFLICTS: list[tuple[Callable[[TrainArguments], Any], str]] = [
     (lambda a: a.max_steps <= 0 and a.num_train_epochs <= 0, "set max_steps > 0 or num_train_epochs > 0"),
+    (lambda a: a.min_workers is not None and a.min_workers > a.num_workers,
+     "min_workers={a.min_workers} exceeds num_workers={a.num_workers}: lower min_workers (num_workers is the most "
+     "the job uses)"),
     (lambda a: a.accelerator_type and not a.use_gpu,
      "accelerator_type needs --use_gpu=true (CPU workers have no accelerator)"),
     (lambda a: a.freeze_vision and a.lora_target == "all-linear",

@@ -69,14 +69,37 @@ def share(rows: int, rank: int, world_size: int) -> range:
     return range(start, start + per + (1 if rank < extra else 0))
 
 
-def shared_scan(files: RunFiles, key: str, rows: int, scan: Callable[[range], dict[int, str]], rank: int,
-                world_size: int, barrier: Callable[[], None],
-                broadcast: Callable[[Any], Any]) -> ScanResult:
+@dataclass
+class ScanGroup:
+    """Who scans: the run's files and this worker's place in the group, with the group's collectives
+    (`barrier`, and `broadcast` of rank 0's value). One worker alone by default."""
+
+    files: RunFiles | None  # None: not kept (a scan outside a run, e.g. a test)
+    rank: int = 0
+    world_size: int = 1
+    barrier: Callable[[], None] = lambda: None
+    broadcast: Callable[[Any], Any] = lambda value: value
+
+    @classmethod
+    def of_ray_worker(cls, files: RunFiles) -> ScanGroup:
+        """This Ray Train worker's group (call inside train_loop_per_worker)."""
+        import ray.train
+        from ray.train.collective import barrier, broadcast_from_rank_zero
+
+        ctx = ray.train.get_context()
+        return cls(files, ctx.get_world_rank(), ctx.get_world_size(), barrier, broadcast_from_rank_zero)
+
+
+def shared_scan(group: ScanGroup, key: str, rows: int, scan: Callable[[range], dict[int, str]]) -> ScanResult:
     """The run's scan: read back when the run has one for `key`; else every rank scans its share
     (`scan(block) -> {row: reason}` for the bad rows of the block), rank 0 merges and stores it.
 
-    `barrier` and `broadcast` (from rank 0) are the worker group's collectives; every rank calls this.
+    Every rank of the group calls this.
     """
+    files, rank, world_size, barrier, broadcast = (group.files, group.rank, group.world_size, group.barrier,
+                                                   group.broadcast)
+    if files is None:
+        return ScanResult(key=key, rows=rows, skipped=scan(range(rows)))
     stored = ScanResult.from_json(files.read_bytes(SCAN_FILE), key) if rank == 0 else None
     if broadcast(stored is not None):
         return broadcast(stored)

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import startup_timing
+from elastic import split_batch
 from flags import TrainArguments
 from metrics import RunReporter, build_summary, write_summary
 from model import build_trainer
 from runs import FINAL_DIR, MERGED_DIR, TENSORBOARD_DIR, TRAINER_STATE_FILE
+from scan_store import ScanGroup
 from storage import Storage, fetch_model, filesystem
 
 # Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
@@ -95,11 +97,19 @@ def train(config: dict[str, Any]) -> None:
             resumed_from_step = int(json.loads((Path(resume_dir) / TRAINER_STATE_FILE).read_text())["global_step"])
             if rank == 0:
                 print(f"[rank 0] resuming from {checkpoint.path} at step {resumed_from_step}", flush=True)
-        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
+        # The global batch is the full-size group's; on fewer workers (elastic) each accumulates more.
+        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_workers
+        args.per_device_train_batch_size, args.gradient_accumulation_steps = split_batch(
+            global_batch, args.per_device_train_batch_size, world_size)
+        if world_size != args.num_workers and rank == 0:
+            print(f"[elastic] {world_size} of {args.num_workers} workers: global batch {global_batch} = "
+                  f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation x "
+                  f"{world_size}", flush=True)
         reporter = RunReporter(storage, rank, global_batch, tb_dir, local_dir, resumed_from_step)
         callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
         callbacks.append(startup_timing.first_step_callback(rank))  # prints the split at step 1 (rank 0)
-        trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host, callbacks)
+        trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host, callbacks,
+                                                  ScanGroup.of_ray_worker(storage))
         if rank == 0:
             print(f"[data] {json.dumps(stats)}", flush=True)
             trainer.model.print_trainable_parameters()

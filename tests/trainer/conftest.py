@@ -32,6 +32,8 @@ FAKE_GCS_PROJECT = "test-project"
 # fake-gcs-server's request log (one line per request), kept by the fixture that drains it.
 FAKE_GCS_LOG: list[str] = []
 DOWNLOAD_RE = re.compile(r'"GET /storage/v1/b/([^/]+)/o/([^? ]+)\?alt=media')
+# The first request of an upload (media, multipart or resumable): one per object written.
+UPLOAD_RE = re.compile(r'"POST /upload/storage/v1/b/([^/]+)/o\?[^ "]*?name=([^& "]+)')
 
 
 @pytest.fixture(scope="session")
@@ -133,3 +135,14 @@ def fake_gcs_downloads(fake_gcs) -> Callable[[], Counter[str]]:
         return Counter(f"gs://{m.group(1)}/{urllib.parse.unquote(m.group(2))}" for m in found if m)
 
     return count
+
+
+@pytest.fixture(scope="session")
+def fake_gcs_uploads(fake_gcs) -> Callable[[], list[str]]:
+    """A function: the gs://bucket/object names written to fake-gcs-server so far, one per write, in order."""
+
+    def written() -> list[str]:
+        found = (UPLOAD_RE.search(line) for line in list(FAKE_GCS_LOG))
+        return [f"gs://{m.group(1)}/{urllib.parse.unquote(m.group(2))}" for m in found if m]
+
+    return written

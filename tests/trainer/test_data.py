@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,6 +20,7 @@ from demo.sample_data import build_sample_dataset
 CPU = ["--use_gpu=false", "--quantization=none"]
 LONG_NAME_WORDS = 400  # a product name far over --max_seq_length below
 MAX_SEQ = 300
+LOG_SETTLE_S = 0.5  # fake-gcs-server's request log reaches the fixture's reader asynchronously
 
 
 def job_args(tiny_model: Path, data: Path, cache_dir: Path, *extra: str) -> TrainArguments:
@@ -150,9 +152,10 @@ def test_jsonl_with_image_paths_and_a_column_mapping(tiny_model, processor, samp
 
 
 def test_gcs_sources_are_fetched_once_and_images_read_lazily(tiny_model, processor, sample_parquet, fake_gcs,
-                                                               tmp_path) -> None:
+                                                               fake_gcs_downloads, tmp_path) -> None:
     """gs:// data through fake-gcs-server: the jsonl is copied into the node cache once; its relative
-    image paths resolve to gs:// objects that the collator reads only when it builds a batch."""
+    image paths resolve to gs:// objects, each fetched into the node cache once (by the scan) and read
+    from there by the collator; rows stay references, not pixels."""
     from tests.trainer.conftest import GCS_BUCKET
 
     store = Storage(root=f"gs://{GCS_BUCKET}/data", emulator_host=fake_gcs)
@@ -167,13 +170,16 @@ def test_gcs_sources_are_fetched_once_and_images_read_lazily(tiny_model, process
     train, _, collator, stats = prepare_data(args, processor, fake_gcs)
     assert stats["train_rows"] == 3 and stats["skipped_rows"] == {}
     assert train[0]["image"] == "images/0.png"  # still a reference, not pixels
-    (marker,) = list(cache.glob("gcs/*/.complete"))
+    (marker,) = list(cache.glob("gcs-prefixes/*/.complete"))
     stamp = marker.stat().st_mtime_ns
     load_rows(args, fake_gcs)
     assert marker.stat().st_mtime_ns == stamp  # the second load reused the node's copy
-    assert not list(cache.glob("gcs/*/images"))  # images were never copied, only read on demand
+    assert not list(marker.parent.glob("images"))  # the data copy holds the jsonl only, no images
     batch = collator([train[0]])
     assert tuple(batch["pixel_values"].shape[:2]) == (1, 3)
+    time.sleep(LOG_SETTLE_S)
+    images = {k: v for k, v in fake_gcs_downloads().items() if k.startswith(store.uri("images/"))}
+    assert images == {store.uri(f"images/{i}.png"): 1 for i in range(3)}  # scan + collator: one fetch each
 
 
 def test_trls_vision_collator_would_label_the_newline_after_end_of_turn(tiny_model, processor, sample_parquet,

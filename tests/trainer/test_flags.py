@@ -25,7 +25,7 @@ attn_implementation gradient_checkpointing lora_target train_embeddings freeze_v
 eval_fraction eval_steps seed column_mapping prompt_template system_message bad_rows max_failures
 save_total_limit hub_model_id merge_adapter cache_dir dataloader_num_workers
 recipe use_liger_kernel adapter_dtype compile_vision run_name resume_from
-fused_lora vision_attention image_feature_cache_gib""".split()  # noqa: SIM905
+fused_lora vision_attention image_feature_cache_gib min_workers""".split()  # noqa: SIM905
 
 
 def test_flag_names_are_exactly_the_contract() -> None:
@@ -130,3 +130,11 @@ def test_recipe_fills_only_unset_flags() -> None:
 def test_run_identity_flags_fail_with_the_fix(flags: list[str], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         parse_args([*CPU, *flags])
+
+
+def test_min_workers_above_num_workers_is_rejected() -> None:
+    with pytest.raises(UsageError, match="min_workers=3 exceeds num_workers=2"):
+        parse_args(["--use_gpu=false", "--num_workers=2", "--min_workers=3"])
+    with pytest.raises(UsageError, match="min_workers must be >= 1"):
+        parse_args(["--use_gpu=false", "--num_workers=2", "--min_workers=0"])
+    assert parse_args(["--use_gpu=false", "--num_workers=2", "--min_workers=1"]).min_workers == 1

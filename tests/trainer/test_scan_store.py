@@ -30,7 +30,7 @@ class Counting:
 
 
 def alone(files, key: str, scan) -> scan_store.ScanResult:
-    return scan_store.shared_scan(files, key, ROWS, scan, 0, 1, barrier=lambda: None, broadcast=lambda x: x)
+    return scan_store.shared_scan(scan_store.ScanGroup(files), key, ROWS, scan)
 
 
 def in_group(files, key: str, scan, world: int) -> list[scan_store.ScanResult]:
@@ -49,7 +49,8 @@ def in_group(files, key: str, scan, world: int) -> list[scan_store.ScanResult]:
             barrier.wait()
             return got
 
-        results[rank] = scan_store.shared_scan(files, key, ROWS, scan, rank, world, barrier.wait, broadcast)
+        group = scan_store.ScanGroup(files, rank, world, barrier.wait, broadcast)
+        results[rank] = scan_store.shared_scan(group, key, ROWS, scan)
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:

@@ -16,7 +16,9 @@ from typing import Any
 
 from encoding import SampleEncoder
 from flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError, column_mapping
-from storage import cache_root, copy_from_gcs, filesystem, node_lock
+from node_cache import copy_data_files, per_process, read_object
+from scan_store import ScanGroup, scan_key, shared_scan
+from storage import cache_root, filesystem, node_lock
 
 SCAN_BATCH_ROWS = 64
 
@@ -51,7 +53,13 @@ def load_rows(args: TrainArguments, emulator_host: str | None = None):
         with node_lock(cache, f"dataset:{name}"):
             ds = datasets.load_dataset(name, split="train", cache_dir=ds_cache, token=os.environ.get("HF_TOKEN"))
         return ds, "."
-    local = copy_from_gcs(name, cache, emulator_host) if name.startswith("gs://") else Path(name)
+    if name.startswith("gs://"):  # the data files only: the images stay in the bucket, fetched per row
+        try:
+            local = copy_data_files(name, cache, gcs(emulator_host), set(DATA_SUFFIXES))
+        except FileNotFoundError as e:
+            raise UsageError(f"dataset_name: {name} does not exist") from e
+    else:
+        local = Path(name)
     if not local.exists():
         raise UsageError(f"dataset_name: {name} does not exist")
     files, builder = data_files(name, local)
@@ -96,8 +104,14 @@ def canonical_rows(ds, mapping: dict[str, str]):
     return ds
 
 
-def image_bytes(value: Any, image_base: str, emulator_host: str | None) -> bytes | None:
-    """The encoded image of a row: {bytes, path} struct, raw bytes, or a local/gs:// path."""
+def gcs(emulator_host: str | None):
+    """gs:// URI -> (this process's GCS filesystem, path): one client per process, not one per image."""
+    return per_process(emulator_host or "", lambda: filesystem("gs://", emulator_host)[0])
+
+
+def image_bytes(value: Any, image_base: str, emulator_host: str | None, cache: Path | None = None) -> bytes | None:
+    """The encoded image of a row: {bytes, path} struct, raw bytes, or a local/gs:// path (through the
+    node cache `cache` when given: fetched once per node)."""
     if value is None:
         return None
     if isinstance(value, dict):
@@ -111,6 +125,8 @@ def image_bytes(value: Any, image_base: str, emulator_host: str | None) -> bytes
     path = str(value)
     if not path.startswith("gs://") and not os.path.isabs(path):
         path = f"{image_base}/{path}"
+    if path.startswith("gs://") and cache is not None:
+        return read_object(path, cache, gcs(emulator_host))
     if path.startswith("gs://"):
         fs, p = filesystem(path, emulator_host)
         try:
@@ -134,13 +150,13 @@ def decode_image(data: bytes):
 class Collator:
     """Decodes the images of a micro-batch (lazily: only here) and encodes it."""
 
-    def __init__(self, encoder: SampleEncoder, image_base: str, emulator_host: str | None):
-        self.encoder, self.image_base, self.emulator_host = encoder, image_base, emulator_host
+    def __init__(self, encoder: SampleEncoder, image_base: str, emulator_host: str | None, cache: Path | None = None):
+        self.encoder, self.image_base, self.emulator_host, self.cache = encoder, image_base, emulator_host, cache
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         images = []
         for r in rows:
-            data = image_bytes(r[IMAGE_FIELD], self.image_base, self.emulator_host)
+            data = image_bytes(r[IMAGE_FIELD], self.image_base, self.emulator_host, self.cache)
             if data is None:
                 raise RuntimeError(f"image vanished after the scan: {str(r[IMAGE_FIELD])[:80]}")
             images.append(decode_image(data))
@@ -148,7 +164,7 @@ class Collator:
 
 
 def row_problem(row: dict[str, Any], encoder: SampleEncoder, image_base: str, emulator_host: str | None,
-                max_seq_length: int) -> str | None:
+                max_seq_length: int, cache: Path | None = None) -> str | None:
     """Why a row cannot be trained on, or None."""
     from PIL import Image, UnidentifiedImageError
 
@@ -158,7 +174,7 @@ def row_problem(row: dict[str, Any], encoder: SampleEncoder, image_base: str, em
     for f in encoder.fields:
         if row.get(f) is None or (isinstance(row[f], str) and not row[f].strip()):
             return "empty_prompt_field"
-    data = image_bytes(row.get(IMAGE_FIELD), image_base, emulator_host)
+    data = image_bytes(row.get(IMAGE_FIELD), image_base, emulator_host, cache)
     if data is None:
         return "missing_image"
     try:
@@ -171,25 +187,31 @@ def row_problem(row: dict[str, Any], encoder: SampleEncoder, image_base: str, em
     return None
 
 
-def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str, emulator_host: str | None):
-    """(rows without the bad ones, Counter of skipped rows by reason). bad_rows=fail raises instead."""
-    keep: list[int] = []
-    skipped: Counter[str] = Counter()
-    for start in range(0, len(ds), SCAN_BATCH_ROWS):
-        chunk = ds[start : start + SCAN_BATCH_ROWS]
-        for i in range(len(next(iter(chunk.values())))):
-            row = {k: v[i] for k, v in chunk.items()}
-            problem = row_problem(row, encoder, image_base, emulator_host, args.max_seq_length)
-            if problem is None:
-                keep.append(start + i)
-                continue
-            if args.bad_rows == "fail":
-                hint = " (raise --max_seq_length)" if problem == "too_long" else ""
-                raise UsageError(f"row {start + i}: {problem}{hint}; --bad_rows=skip would skip such rows")
-            skipped[problem] += 1
+def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str, emulator_host: str | None,
+               cache: Path | None = None, group: ScanGroup | None = None, key: str = ""):
+    """(rows without the bad ones, Counter of skipped rows by reason, whether the run's stored scan was
+    reused). bad_rows=fail raises instead. With a `group`, the scan is kept with the run (scan_store):
+    its workers split it, and a restart reads it back."""
+
+    def scan(block: range) -> dict[int, str]:
+        bad: dict[int, str] = {}
+        for start in range(block.start, block.stop, SCAN_BATCH_ROWS):
+            chunk = ds[start : min(start + SCAN_BATCH_ROWS, block.stop)]
+            for i in range(len(next(iter(chunk.values())))):
+                row = {k: v[i] for k, v in chunk.items()}
+                problem = row_problem(row, encoder, image_base, emulator_host, args.max_seq_length, cache)
+                if problem is not None and args.bad_rows == "fail":
+                    hint = " (raise --max_seq_length)" if problem == "too_long" else ""
+                    raise UsageError(f"row {start + i}: {problem}{hint}; --bad_rows=skip would skip such rows")
+                if problem is not None:
+                    bad[start + i] = problem
+        return bad
+
+    result = shared_scan(group or ScanGroup(None), key, len(ds), scan)
+    keep = result.keep()
     if not keep:
-        raise UsageError(f"no usable rows in {args.dataset_name} (skipped: {dict(skipped)})")
-    return ds.select(keep), skipped
+        raise UsageError(f"no usable rows in {args.dataset_name} (skipped: {result.counts()})")
+    return ds.select(keep), Counter(result.counts()), result.reused
 
 
 def split_rows(ds, args: TrainArguments):
@@ -203,22 +225,29 @@ def split_rows(ds, args: TrainArguments):
     return parts["train"], parts["test"]
 
 
-def prepare_data(args: TrainArguments, processor, emulator_host: str | None):
-    """Everything a worker needs from the data: (train, eval, collator, stats)."""
+def prepare_data(args: TrainArguments, processor, emulator_host: str | None, scan_group: ScanGroup | None = None):
+    """Everything a worker needs from the data: (train, eval, collator, stats). `scan_group`: the run's
+    workers, to scan once per run (see clean_rows); gs:// images go through the node cache."""
     mapping = column_mapping(args)
     raw, image_base = load_rows(args, emulator_host)
     check_schema(list(raw.column_names), mapping, args.dataset_name)
     rows = canonical_rows(raw, mapping)
     encoder = SampleEncoder(processor, args)
-    rows, skipped = clean_rows(rows, encoder, args, image_base, emulator_host)
+    cache = cache_root(args)
+    # What a row's verdict depends on, the same on every node (no local paths or times).
+    key = scan_key(dataset=args.dataset_name, rows=len(raw), columns=raw.column_names, mapping=mapping,
+                   prompt=args.prompt_template, system=args.system_message, max_seq_length=args.max_seq_length,
+                   bad_rows=args.bad_rows, vocab=len(processor.tokenizer))
+    rows, skipped, reused = clean_rows(rows, encoder, args, image_base, emulator_host, cache, scan_group, key)
     train, evaluation = split_rows(rows, args)
     stats = {
         "rows": len(raw),
         "train_rows": len(train),
         "eval_rows": len(evaluation) if evaluation is not None else 0,
         "skipped_rows": dict(skipped),
+        "scan_reused": reused,
     }
-    return train, evaluation, Collator(encoder, image_base, emulator_host), stats
+    return train, evaluation, Collator(encoder, image_base, emulator_host, cache), stats
 
 
 def check_dataset_before_download(args: TrainArguments, emulator_host: str | None) -> None:

@@ -157,15 +157,16 @@ def token_mean_eval(trainer_cls):
 
 
 def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device, emulator_host: str | None,
-                  callbacks: list | None = None):
-    """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests)."""
+                  callbacks: list | None = None, scan_group=None):
+    """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests). `scan_group`:
+    the run's workers (data.prepare_data)."""
     from transformers import AutoProcessor
     from trl import SFTTrainer
 
     with startup_timing.phase(startup_timing.MODEL):
         processor = AutoProcessor.from_pretrained(str(model_dir))
     with startup_timing.phase(startup_timing.DATA):
-        train, evaluation, collator, stats = prepare_data(args, processor, emulator_host)
+        train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group)
     with startup_timing.phase(startup_timing.MODEL):
         model = load_model(args, model_dir, device)
     model_image_token = getattr(model.config, "image_token_id", None)

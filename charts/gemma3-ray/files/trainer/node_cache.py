@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 # Fetches of different objects run in parallel; the same object is fetched by one process of the node.
 LOCK_STRIPES = 64
@@ -20,6 +21,20 @@ COMPLETE_MARKER = ".complete"
 
 # (uri) -> (pyarrow filesystem, path without the scheme): the caller's storage settings (emulator, auth).
 FilesystemFor = Callable[[str], tuple]
+# One GCS client per process and setting: made on first use (a forked data-loader process makes its own).
+_FILESYSTEMS: dict[tuple[int, str], Any] = {}
+
+
+def per_process(setting: str, make: Callable[[], Any]) -> FilesystemFor:
+    """A FilesystemFor over one filesystem per process for `setting` (e.g. the emulator address)."""
+
+    def fs_for(uri: str) -> tuple:
+        slot = (os.getpid(), setting)
+        if slot not in _FILESYSTEMS:
+            _FILESYSTEMS[slot] = make()
+        return _FILESYSTEMS[slot], uri.removeprefix("gs://")
+
+    return fs_for
 
 
 def _digest(text: str) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 import startup_timing
 from data import check_dataset_before_download
+from elastic import ray_num_workers
 from flags import UsageError, parse_args
 from runs import CHECKPOINTS_DIR, SUMMARY_FILE, plan_run
 from storage import storage_for
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             "startup": startup_timing.driver_marks(),  # submission time and driver start, for the split
         },
         scaling_config=ray.train.ScalingConfig(
-            num_workers=args.num_workers,
+            num_workers=ray_num_workers(args.num_workers, args.min_workers),
             use_gpu=args.use_gpu,
             accelerator_type=args.accelerator_type,
             resources_per_worker=None if args.use_gpu else {"CPU": 1},

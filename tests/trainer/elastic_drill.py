@@ -1,0 +1,152 @@
+"""The elastic drill's driver, run by tests/trainer/test_elastic.py in a process of its own: a local Ray
+cluster (``ray.cluster_utils.Cluster`` on 127.0.0.1, one training-worker CPU per node: a head and at most
+one more node), jobs run through ``vision_train.main`` with the drill's callbacks, and for each job a
+JSON result: finished or not within its deadline, the summary, times. A job may lose the second node
+(removed, not replaced, while its rank holds after a step) or gain it (added while the head's rank holds).
+
+    python -m tests.trainer.elastic_drill --spec spec.json --out result.json
+
+A process of its own because a pytest process holds at most one Ray connection (the session's
+cluster), and because a job that waits forever must be abandoned: the drill then shuts its cluster
+down by its own nodes' process ids and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINER = ROOT / "trainer"
+NODE_CPUS = 1  # one training worker per node; Ray Train's controller actors take no CPU
+OBJECT_STORE_BYTES = 100 * 1024**2
+POLL_S = 0.5
+# How long a worker group may wait for its placement group before the controller re-plans (Ray's
+# default is 60 s; the drill's cluster never gets the resources back, so a short wait suffices).
+WORKER_GROUP_START_TIMEOUT_S = "20"
+# How often a running elastic group looks for more capacity (Ray's default: 60 s).
+RESIZE_CHECK_S = 5.0
+
+
+def _environment() -> None:
+    """Before `ray` is imported and the nodes start (they inherit it): loopback only, no auth, the checkout."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # a throw-away cluster of this process only
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = WORKER_GROUP_START_TIMEOUT_S
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TRAINER), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    for p in (str(ROOT), str(TRAINER)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def quick_resize_checks() -> None:
+    """Test-only: elastic groups look for returned capacity every RESIZE_CHECK_S (the driver builds its
+    ScalingConfig from `ray.train` at call time)."""
+    import dataclasses
+
+    import ray.train
+
+    @dataclasses.dataclass
+    class ScalingConfig(ray.train.ScalingConfig):
+        elastic_resize_monitor_interval_s: float = RESIZE_CHECK_S
+
+    ray.train.ScalingConfig = ScalingConfig
+
+
+def run_job(cluster, job: dict[str, Any], spec: dict[str, Any], node_args: dict[str, Any]) -> dict[str, Any]:
+    """One job on the cluster; removes the worker node after step `remove_node_after_step`, or adds one
+    after step `add_node_after_step`."""
+    import vision_train as vt
+
+    from tests.trainer.drill_callbacks import HoldOnNode, RecordSamples
+
+    records = Path(spec["records_dir"]) / job["name"]
+    callbacks: list = [RecordSamples(str(records), spec["id_pattern"])]
+    remove_at, add_at = job.get("remove_node_after_step"), job.get("add_node_after_step")
+    marker = records / "held"
+    worker_node = next(iter(cluster.worker_nodes), None)
+    if remove_at:
+        callbacks.append(HoldOnNode(worker_node.node_id, remove_at, str(marker)))
+    if add_at:
+        callbacks.append(HoldOnNode(cluster.head_node.node_id, add_at, str(marker)))
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["summary"] = vt.main(job["flags"], callbacks=callbacks)
+        except BaseException as e:  # noqa: BLE001 - reported to the test, which decides
+            outcome["error"] = "".join(traceback.format_exception(e))[-4000:]
+
+    started = time.monotonic()
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    result: dict[str, Any] = {"name": job["name"]}
+    deadline = started + job["deadline_s"]
+    if remove_at or add_at:
+        while not marker.exists() and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if marker.exists() and remove_at:
+            cluster.remove_node(worker_node)
+            result["node_removed_after_s"] = time.monotonic() - started
+        elif marker.exists():
+            cluster.add_node(**node_args)
+            result["node_added_after_s"] = time.monotonic() - started
+    thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    result.update(finished=not thread.is_alive(), elapsed_s=time.monotonic() - started, **outcome)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    opts = parser.parse_args()
+    spec = json.loads(opts.spec.read_text())
+    temp_dir = tempfile.mkdtemp(prefix="g3r-drill-", dir="/tmp")  # short: socket paths are length-limited
+    (Path(temp_dir) / "ray").mkdir()
+    # Ray writes the "current cluster" address file under RAY_TMPDIR: keep it in this drill's own dir.
+    os.environ["RAY_TMPDIR"] = temp_dir
+    _environment()
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node_args = {"num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1", "object_store_memory": OBJECT_STORE_BYTES}
+    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "temp_dir": str(Path(temp_dir) / "ray"),
+                                                            "include_dashboard": False})
+    results: list[dict[str, Any]] = []
+    try:
+        for job in spec["jobs"]:
+            while len(cluster.worker_nodes) + 1 < job.get("nodes", 2):
+                cluster.add_node(**node_args)
+            for node in list(cluster.worker_nodes)[: max(0, len(cluster.worker_nodes) + 1 - job.get("nodes", 2))]:
+                cluster.remove_node(node)
+            cluster.wait_for_nodes()
+            if not ray.is_initialized():
+                ray.init(address=cluster.address)
+                quick_resize_checks()
+            results.append(run_job(cluster, job, spec, node_args))
+            opts.out.write_text(json.dumps({"jobs": results}, indent=1))
+            if not results[-1]["finished"]:
+                break  # the job still waits on the cluster: nothing else can run on it
+    finally:
+        opts.out.write_text(json.dumps({"jobs": results}, indent=1))
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    sys.stdout.flush()
+    os._exit(0)  # an abandoned job's thread would keep the interpreter alive
+
+
+if __name__ == "__main__":
+    main()

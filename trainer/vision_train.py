@@ -33,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import run_report
 import startup_timing
 from data import check_dataset_before_download
 from elastic import ray_num_workers
@@ -44,7 +45,7 @@ CODE_DIR = str(Path(__file__).resolve().parent)
 SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "first_train_loss",
                 "final_train_loss", "first_eval_loss", "final_eval_loss", "final_answer_token_accuracy",
                 "samples_per_second", "tokens_per_second", "resumed_from_step", "newest_checkpoint", "final_adapter",
-                "merged_model", "metrics", "tensorboard"]
+                "merged_model", "metrics", "tensorboard", "samples", "report"]
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -56,6 +57,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """
     if os.path.isdir(config["code_dir"]) and config["code_dir"] not in sys.path:
         sys.path.insert(0, config["code_dir"])
+    import quiet_logs
+
+    quiet_logs.install()  # before transformers, datasets and bitsandbytes are imported
     import worker
 
     worker.train(config)
@@ -126,6 +130,9 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             newest = "gs://" + newest.removeprefix("gs://")
         summary["newest_checkpoint"] = newest
         storage.write_bytes(SUMMARY_FILE, json.dumps(summary, indent=2).encode())
+    if summary.get("report"):  # the final page, with what only the driver knows (the newest checkpoint)
+        run_report.write(storage, run_name=plan.name, status=run_report.final_status(summary), config=asdict(args),
+                         summary=summary)
     print_summary(summary)
     return summary
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import report_hook
 import startup_timing
 from elastic import split_batch
 from flags import TrainArguments
@@ -106,10 +107,13 @@ def train(config: dict[str, Any]) -> None:
                   f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation x "
                   f"{world_size}", flush=True)
         reporter = RunReporter(storage, rank, global_batch, tb_dir, local_dir, resumed_from_step)
+        refresh = report_hook.refresh_callback(ctx, reporter, config["run_name"])
         callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
         callbacks.append(startup_timing.first_step_callback(rank))  # prints the split at step 1 (rank 0)
+        callbacks.append(refresh)
         trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host, callbacks,
                                                   ScanGroup.of_ray_worker(storage))
+        refresh.trainer, refresh.stats = trainer, stats
         if rank == 0:
             print(f"[data] {json.dumps(stats)}", flush=True)
             trainer.model.print_trainable_parameters()
@@ -150,7 +154,10 @@ def finish(ctx: WorkerContext, trainer, processor, stats: dict[str, Any], report
         processor.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
     if reporter.tb_dir.is_dir():
         storage.upload_dir(reporter.tb_dir, TENSORBOARD_DIR)
+    sampled = report_hook.end_of_run_samples(trainer, args, storage)
     summary = build_summary(trainer, storage, stats, reporter, result, final_eval, {
-        **extra, "final_adapter": storage.uri(FINAL_DIR), "merged_model": merged_uri, "hub_model_id": hub_repo})
+        **extra, "final_adapter": storage.uri(FINAL_DIR), "merged_model": merged_uri, "hub_model_id": hub_repo,
+        **sampled})
     write_summary(storage, summary)
+    report_hook.write_report(ctx, summary, reporter.records)
     return summary

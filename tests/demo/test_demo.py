@@ -34,7 +34,10 @@ MIN_PNG_BYTES = 10_000
 # The short run: 12 steps with an eval every 4 (three evals) and a checkpoint every 6, on 80 rows
 # (72 train, 8 eval: the evals stay short).
 SHORT_STEPS = 12
-SHORT_SETS = ["training.eval_steps=4", "training.save_steps=6", "training.logging_steps=1"]
+# 4 of the 8 eval rows get sample generations (base and fine-tuned) for samples.jsonl and report.html.
+SHORT_SAMPLE_ROWS = 4
+SHORT_SETS = ["training.eval_steps=4", "training.save_steps=6", "training.logging_steps=1",
+              f"training.sample_rows={SHORT_SAMPLE_ROWS}"]
 SHORT_ROWS = 80
 DEMO_TIMEOUT_S = 420
 
@@ -238,3 +241,51 @@ def test_a_job_that_does_not_carry_its_code_is_refused() -> None:
     job["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env)
     with pytest.raises(DemoError, match="working_dir"):
         parse_chart_job(yaml.safe_dump_all(docs))
+
+
+@pytest.mark.slow
+def test_demo_ends_with_the_report_path(short_run: dict) -> None:
+    last = short_run["stdout"].rstrip("\n").splitlines()[-1]
+    report = Path(short_run["report_html"])
+    assert last == f"[demo] report: {report}"  # absolute: the test's output dir is not under the checkout
+    assert report.parent == Path(short_run["run_dir"]) and report.is_file()
+    assert short_run["summary"]["report"] == f"{short_run['run_uri']}/report.html"
+
+
+@pytest.mark.slow
+def test_demo_output_is_quiet(short_run: dict) -> None:
+    """Ray's own lines are in job.log only; the trainer's lines reach the terminal under the gutter."""
+    out, log = short_run["stdout"], Path(short_run["job_log"]).read_text()
+    assert "Reporting training result" in log and "Reporting training result" not in out
+    assert "Started training worker group" in log and "Started training worker group" not in out
+    assert "  job | " in out and "[samples]" in out and "lines of Ray's own logging" in out
+    assert "Loading weights" not in log and "Generating train split" not in log  # progress bars off at source
+
+
+@pytest.mark.slow
+def test_report_in_a_browser(short_run: dict, tmp_path: Path) -> None:
+    """The demo's report.html in headless chromium: one figure per sample with its image and the three
+    texts, the loss chart, the eval table; and the page requests nothing."""
+    from tests import browser
+
+    report = Path(short_run["report_html"])
+    samples = [json.loads(line) for line in (Path(short_run["run_storage_dir"]) / "samples.jsonl").read_text()
+               .splitlines()]
+    assert len(samples) == SHORT_SAMPLE_ROWS
+    els = browser.parse(browser.dump_dom(report))
+    figures = [e for e in els if e.tag == "figure" and browser.has_class(e, "sample")]
+    assert len(figures) == len(samples)
+    for fig, sample in zip(figures, samples, strict=True):
+        inside = [e for e in els if e.inside(fig)]
+        assert [e.attrs["src"][:23] for e in inside if e.tag == "img"] == ["data:image/jpeg;base64,"]
+        texts = {c: " ".join(e.text.split()) for e in inside for c in ("reference", "base", "finetuned")
+                 if browser.has_class(e, c)}
+        for kind, key in (("reference", "reference"), ("base", "base_output"), ("finetuned", "finetuned_output")):
+            assert " ".join(sample[key].split()) in texts[kind]
+    chart = next(e for e in els if e.attrs.get("id") == "loss-chart")
+    assert {e.attrs.get("class") for e in els if e.tag == "polyline" and e.inside(chart)} == {"train-loss", "eval-loss"}
+    rows = [e for e in els if e.tag == "tr" and e.inside(next(e for e in els if e.attrs.get("id") == "eval-metrics"))]
+    assert len(rows) == 1 + SHORT_STEPS // 4  # header + the evals at steps 4, 8, 12
+    assert browser.page_requests(report.as_uri(), tmp_path / "net.json") == []
+    png = browser.screenshot(report, tmp_path / "report.png")
+    assert png.stat().st_size > MIN_PNG_BYTES

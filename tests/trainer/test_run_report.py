@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import http.server
 import io
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -161,3 +162,28 @@ def test_no_request_leaves_the_page(page: Path, tmp_path: Path, canary: tuple[st
     leaky.write_text(page.read_text().replace("</body>", f'<img src="{url}/leak.png"></body>'))
     assert browser.page_requests(leaky.as_uri(), tmp_path / "leaky-net.json") == []
     assert hits == ["/canary.png"]
+
+
+def test_write_reads_the_runs_metrics_and_samples(tmp_path: Path) -> None:
+    from storage import Storage
+
+    run = Storage(root=str(tmp_path / "runs" / "r1"))
+    metrics = "".join(json.dumps(r) + "\n" for r in RECORDS) + '{"kind": "train", "st'  # a record being written
+    run.write_bytes(run_report.METRICS_FILE, metrics.encode())
+    run.write_bytes(run_report.SAMPLES_FILE, samples.to_jsonl(fake_samples()))
+    uri = run_report.write(run, run_name="r1", status=run_report.final_status(SUMMARY), config=CONFIG,
+                           summary=SUMMARY)
+    assert uri == run.uri(run_report.REPORT_FILE)
+    text = (tmp_path / "runs" / "r1" / run_report.REPORT_FILE).read_text()
+    assert text.count('<figure class="sample"') == N_SAMPLES
+    assert 'class="eval-loss"' in text and "eval loss (4)" in text and "train loss (20)" in text
+    assert "finished at step 40" in text
+
+
+def test_final_status_says_what_is_missing() -> None:
+    assert run_report.final_status({"global_step": 9, "resumed_from_step": 4}) == (
+        "finished at step 9 (resumed from step 4)")
+    assert run_report.final_status({"global_step": 9, "samples_left_out": 2, "samples_error": None}) == (
+        "finished at step 9; 2 sample rows did not fit the time budget")
+    assert "sample generation failed: OutOfMemoryError: CUDA" in run_report.final_status(
+        {"global_step": 9, "samples_error": "OutOfMemoryError: CUDA"})

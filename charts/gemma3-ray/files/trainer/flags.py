@@ -167,6 +167,15 @@ class TrainArguments:
         None, "SigLIP attention kernel: SDPA's choice or cuDNN's fused attention first (default: from --recipe).")
     image_feature_cache_gib: float = flag(
         8.0, "With freeze_vision: GPU memory for image features reused across epochs (0: off).", min=0)
+    sample_rows: int = flag(8, "Eval rows (fixed, spread over the split) whose description the end of the run "
+                               "generates with the base model and with the adapter: samples.jsonl, report.html "
+                               "(0: none).", min=0)
+    sample_max_new_tokens: int = flag(256, "Longest generated sample description in tokens (greedy).", min=1)
+    sample_batch_size: int = flag(8, "Sample rows generated together.", min=1)
+    sample_time_budget_s: float = flag(600.0, "Seconds sample generation may take; a batch that would not fit "
+                                              "is left out (the log and the report say so).", min=0)
+    sample_at_eval: bool = flag(False, "Also generate the samples at each evaluation (report.html is refreshed "
+                                       "at each evaluation either way).")
 
 
 class UsageError(ValueError):

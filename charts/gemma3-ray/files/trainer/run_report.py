@@ -282,7 +282,8 @@ def final_status(summary: dict[str, Any]) -> str:
     resumed = summary.get("resumed_from_step")
     return (f"finished at step {summary.get('global_step')}" + (f" (resumed from step {resumed})" if resumed else "")
             + (f"; {summary['samples_left_out']} sample rows did not fit the time budget"
-               if summary.get("samples_left_out") else ""))
+               if summary.get("samples_left_out") else "")
+            + (f"; sample generation failed: {summary['samples_error']}" if summary.get("samples_error") else ""))
 
 
 def eval_status(step: int, max_steps: int) -> str:

@@ -119,7 +119,10 @@ def run_starts(opts, emulator: str, data_uri: str, model: Path, work: Path) -> l
     ray_tmp = tempfile.mkdtemp(prefix="g3r-sc-", dir="/tmp")
     ray.init(address="local", num_cpus=opts.workers, include_dashboard=False, _node_ip_address="127.0.0.1",
              _temp_dir=ray_tmp, log_to_driver=True,
-             runtime_env={"env_vars": {"STORAGE_EMULATOR_HOST": emulator}})
+             # every Ray process of the job (Ray Train's sync actor unpickles the trainer's objects too)
+             # imports the trainer from the checkout, as the chart's working_dir gives the real job
+             runtime_env={"env_vars": {"STORAGE_EMULATOR_HOST": emulator,
+                                       "PYTHONPATH": os.pathsep.join([str(TRAINER), str(ROOT)])}})
     out = work / "workers.jsonl"
     run_root = f"gs://{BUCKET}/runs/bench"
     flags = [f"--model_id={model}", f"--dataset_name={data_uri}", f"--cache_dir={work / 'node-cache'}",

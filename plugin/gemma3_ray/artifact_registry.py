@@ -25,7 +25,7 @@ from google.api_core import exceptions as gexc
 from gemma3_ray import bucket_setup, gke_cluster, iam_policy, names
 from gemma3_ray.bucket_setup import MANAGED_BY_LABEL
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import NotLoggedIn, UserError, not_logged_in, translate
+from gemma3_ray.errors import NotLoggedIn, UserError, call_google, not_logged_in, translate
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import Action, Plan
 
@@ -68,23 +68,9 @@ def registry_of(dep: Deployment) -> Registry:
     return Registry(dep.project, dep.region)
 
 
-def _call(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False) -> Any:
-    """``fn()``, its Google errors as one sentence; with ``not_found``, a 404 is raised as is (the caller's answer)."""
-    try:
-        return fn()
-    except UserError:
-        raise
-    except gexc.NotFound:
-        if not_found:
-            raise
-        raise translate(gexc.NotFound(resource), action, resource) from None
-    except Exception as exc:
-        raise translate(exc, action, resource) from exc
-
-
 def project_number(clients: Clients, project: str) -> str:
     rm = clients.get_resource_manager()
-    got = _call("read", f"projects/{project}", lambda: rm.get_project(request={"name": f"projects/{project}"}))
+    got = call_google("read", f"projects/{project}", lambda: rm.get_project(request={"name": f"projects/{project}"}))
     return str(got.name).removeprefix("projects/")
 
 
@@ -109,7 +95,7 @@ def node_pull_identities(dep: Deployment, clients: Clients) -> tuple[list[str], 
 def build_identity(clients: Clients, reg: Registry) -> str:
     name = f"projects/{reg.project}/locations/{reg.region}/defaultServiceAccount"
     cb = clients.get_cloud_build()
-    got = _call("read the Cloud Build service account of", f"projects/{reg.project}",
+    got = call_google("read the Cloud Build service account of", f"projects/{reg.project}",
                 lambda: cb.get_default_service_account(request={"name": name}))
     email = str(got.service_account_email).rsplit("/", 1)[-1]
     if not email:
@@ -127,7 +113,7 @@ class RegistryPrereqs:
 
     def _services(self, plan: Plan) -> None:
         su = self.clients.get_service_usage()
-        off = [s for s in SERVICES if _call("read the state of", s, lambda s=s: su.get_service(
+        off = [s for s in SERVICES if call_google("read the state of", s, lambda s=s: su.get_service(
             request={"name": f"projects/{self.dep.project}/services/{s}"})).state.name != "ENABLED"]
         self.cloud_build_off = "cloudbuild.googleapis.com" in off
         if not off:
@@ -135,7 +121,7 @@ class RegistryPrereqs:
             return
 
         def enable() -> None:
-            op = _call("enable APIs in", f"projects/{self.dep.project}", lambda: su.batch_enable_services(
+            op = call_google("enable APIs in", f"projects/{self.dep.project}", lambda: su.batch_enable_services(
                 request={"parent": f"projects/{self.dep.project}", "service_ids": off}))
             op.result(timeout=ENABLE_TIMEOUT_S)
 
@@ -144,7 +130,7 @@ class RegistryPrereqs:
     def _repository_exists(self) -> bool:
         registry = self.clients.get_artifact_registry()
         try:
-            _call("read", self.reg.path, lambda: registry.get_repository(request={"name": self.reg.path}), not_found=True)
+            call_google("read", self.reg.path, lambda: registry.get_repository(request={"name": self.reg.path}), not_found=True)
         except gexc.NotFound:
             return False
         return True
@@ -167,7 +153,7 @@ class RegistryPrereqs:
     def _staging_bucket(self) -> Any | None:
         storage = self.clients.get_storage()
         try:
-            return _call("read", f"gs://{self.reg.staging_bucket}", lambda: storage.get_bucket(self.reg.staging_bucket),
+            return call_google("read", f"gs://{self.reg.staging_bucket}", lambda: storage.get_bucket(self.reg.staging_bucket),
                          not_found=True)
         except gexc.NotFound:
             return None
@@ -185,20 +171,20 @@ class RegistryPrereqs:
         except Exception as exc:
             raise translate(exc, "create", f"gs://{bucket.name}") from exc
         # Read back: the settings must hold whatever served the create (emulators drop some of them).
-        current = _call("read", f"gs://{bucket.name}", lambda: storage.get_bucket(bucket.name))
+        current = call_google("read", f"gs://{bucket.name}", lambda: storage.get_bucket(bucket.name))
         if not bucket_setup.hardened(current) or not current.labels:
             current.iam_configuration.uniform_bucket_level_access_enabled = True
             current.iam_configuration.public_access_prevention = "enforced"
             current.labels = {**(current.labels or {}), **dict([MANAGED_BY_LABEL])}
-            _call("update", f"gs://{bucket.name}", lambda: current.patch())
+            call_google("update", f"gs://{bucket.name}", lambda: current.patch())
 
     def _grant(self, plan: Plan, access: Callable[[], iam_policy.PolicyAccess], resource: str, role: str,
                member: str, exists: bool) -> None:
         text = f"{role} on {resource} for {member}"
-        if exists and access().has(_call("read the IAM policy of", resource, lambda: access().read()), role, member):
+        if exists and access().has(call_google("read the IAM policy of", resource, lambda: access().read()), role, member):
             plan.in_place.append(text)
             return
-        plan.actions.append(Action(f"grant {text}", lambda: _call(
+        plan.actions.append(Action(f"grant {text}", lambda: call_google(
             "set the IAM policy of", resource, lambda: iam_policy.change_binding(access(), role, member, present=True))))
 
     def extend(self, plan: Plan) -> None:
@@ -252,7 +238,7 @@ class RegistryPrereqs:
             for access, resource, role in ((repo_access, self.reg.host, WRITER),
                                            (bucket_access, f"gs://{self.reg.staging_bucket}", STAGING_ROLE)):
                 plan.actions.append(Action(f"grant {role} on {resource} for the Cloud Build service account (read once "
-                                           "the API is enabled)", lambda a=access, r=resource, role=role: _call(
+                                           "the API is enabled)", lambda a=access, r=resource, role=role: call_google(
                     "set the IAM policy of", r, lambda: iam_policy.change_binding(
                         a(), role, f"serviceAccount:{build_identity(self.clients, self.reg)}", present=True))))
             return

@@ -12,7 +12,7 @@ from google.cloud import container_v1 as gke
 from gemma3_ray import gke_cluster, gpu_driver
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.doctor import Check
-from gemma3_ray.errors import UserError
+from gemma3_ray.errors import UserError, call_google
 from gemma3_ray.gcp_clients import Clients
 
 DriverVersion = gke.GPUDriverInstallationConfig.GPUDriverVersion
@@ -127,7 +127,7 @@ def image_checks(dep: Deployment, clients: Clients, values: dict[str, Any] | Non
                                 f"build {current}: run `gemma3-ray image build --apply` and `gemma3-ray values --image`"))
         pullers, _ = artifact_registry.node_pull_identities(dep, clients)
         registry = clients.get_artifact_registry()
-        policy = artifact_registry._call("read the IAM policy of", reg.path,
+        policy = call_google("read the IAM policy of", reg.path,
                                          lambda: registry.get_iam_policy(request={"resource": reg.path}))
         readers = {m for b in policy.bindings if b.role == artifact_registry.READER for m in b.members}
         lacking = [sa for sa in pullers if f"serviceAccount:{sa}" not in readers]

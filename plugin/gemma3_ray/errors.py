@@ -7,6 +7,8 @@ says what is wrong and how to fix it) to stderr and exits with its ``exit_code``
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from google.api_core import exceptions as gexc
 
@@ -205,3 +207,17 @@ def api_disabled(service: str, project: str = "") -> ApiDisabled:
 
 
 SERVICE_USAGE = "serviceusage.googleapis.com"  # prereqs enables the others through it, never itself
+
+
+def call_google(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False) -> Any:
+    """``fn()``, its Google errors as one sentence; with ``not_found``, a 404 is raised as is (the caller's answer)."""
+    try:
+        return fn()
+    except UserError:
+        raise
+    except gexc.NotFound:
+        if not_found:
+            raise
+        raise translate(gexc.NotFound(resource), action, resource) from None
+    except Exception as exc:
+        raise translate(exc, action, resource) from exc

@@ -27,7 +27,7 @@ from google.api_core import exceptions as gexc
 from gemma3_ray import iam_preflight, names
 from gemma3_ray.artifact_registry import Registry, registry_of
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, translate
+from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, call_google
 from gemma3_ray.gcp_clients import Clients
 
 DOCKERFILE = "images/trainer/Dockerfile"
@@ -139,28 +139,14 @@ def context(root: Path | None = None, dockerfile: str = DOCKERFILE, base: str | 
     return Context(root, dockerfile, tuple(sorted(files)), tuple(build_args))
 
 
-def _call(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False) -> Any:
-    """``fn()``, its Google errors as one sentence; with ``not_found``, a 404 is raised as is (the caller's answer)."""
-    try:
-        return fn()
-    except UserError:
-        raise
-    except gexc.NotFound:
-        if not_found:
-            raise
-        raise translate(gexc.NotFound(resource), action, resource) from None
-    except Exception as exc:
-        raise translate(exc, action, resource) from exc
-
-
 def image_state(clients: Clients, reg: Registry, tag: str) -> str:
     """'built', 'missing' (repository there, tag not) or 'no-repository'."""
     registry = clients.get_artifact_registry()
     try:
-        _call("read", reg.tag_path(tag), lambda: registry.get_tag(request={"name": reg.tag_path(tag)}), not_found=True)
+        call_google("read", reg.tag_path(tag), lambda: registry.get_tag(request={"name": reg.tag_path(tag)}), not_found=True)
     except gexc.NotFound:
         try:
-            _call("read", reg.path, lambda: registry.get_repository(request={"name": reg.path}), not_found=True)
+            call_google("read", reg.path, lambda: registry.get_repository(request={"name": reg.path}), not_found=True)
         except gexc.NotFound:
             return "no-repository"
         return "missing"
@@ -227,7 +213,7 @@ def follow(clients: Clients, reg: Registry, build: Any, out: Out) -> Any:
             break
         time.sleep(POLL_INTERVAL_S)
         request = {"name": name, "project_id": reg.project, "id": build.id}
-        build = _call("follow build", name, lambda r=request: cbc.get_build(request=r))
+        build = call_google("follow build", name, lambda r=request: cbc.get_build(request=r))
     if state != cb.Build.Status.SUCCESS:
         for line in _log_tail(clients, reg, build.id):
             out(f"      | {line}")
@@ -265,7 +251,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
         + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --image`"))
     storage = clients.get_storage()
     try:
-        _call("read", f"gs://{reg.staging_bucket}", lambda: storage.get_bucket(reg.staging_bucket), not_found=True)
+        call_google("read", f"gs://{reg.staging_bucket}", lambda: storage.get_bucket(reg.staging_bucket), not_found=True)
         staged = True
     except gexc.NotFound:
         staged = False
@@ -284,10 +270,10 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     pre.require(dep.project)
     out(f"  ... uploading gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
     blob = storage.bucket(reg.staging_bucket).blob(f"source/{ctx.tag}.tgz")
-    _call("upload to", f"gs://{reg.staging_bucket}", lambda: blob.upload_from_string(ctx.tarball(), "application/gzip"))
+    call_google("upload to", f"gs://{reg.staging_bucket}", lambda: blob.upload_from_string(ctx.tarball(), "application/gzip"))
     out(f"  ... submitting the build of {image}")
     cbc = clients.get_cloud_build()
-    op = _call("start a build in", f"projects/{dep.project}", lambda: cbc.create_build(request={
+    op = call_google("start a build in", f"projects/{dep.project}", lambda: cbc.create_build(request={
         "parent": f"projects/{dep.project}/locations/{dep.region}", "project_id": dep.project,
         "build": build_request(reg, ctx)}))
     build = follow(clients, reg, op.metadata.build, out)

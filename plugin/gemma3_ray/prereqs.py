@@ -31,7 +31,7 @@ from google.api_core import exceptions as gexc
 
 from gemma3_ray import bucket_setup, grants, iam_policy, names
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import UserError, translate
+from gemma3_ray.errors import call_google, translate
 from gemma3_ray.gcp_clients import Clients
 
 REQUIRED_SERVICES = (
@@ -97,12 +97,7 @@ class Prereqs:
         self.gsa_created = False  # by this run: IAM may still answer 404 for it
 
     def _call(self, action: str, resource: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except UserError:
-            raise
-        except Exception as exc:
-            raise translate(exc, action, resource) from exc
+        return call_google(action, resource, fn)
 
     def steps(self) -> list[Step]:
         return [

@@ -30,6 +30,9 @@ TRAINER = ROOT / "trainer"
 NODE_CPUS = 1  # one training worker per node; Ray Train's controller actors take no CPU
 OBJECT_STORE_BYTES = 100 * 1024**2
 POLL_S = 0.5
+# How long a job waits for the previous job's workers to give their CPUs back before it starts (an
+# elastic job started earlier would size itself to the CPUs still held: seen on a loaded 2-core CI).
+IDLE_CLUSTER_TIMEOUT_S = 120.0
 # How long a worker group may wait for its placement group before the controller re-plans (Ray's
 # default is 60 s; the drill's cluster never gets the resources back, so a short wait suffices).
 WORKER_GROUP_START_TIMEOUT_S = "20"
@@ -62,6 +65,18 @@ def quick_resize_checks() -> None:
         elastic_resize_monitor_interval_s: float = RESIZE_CHECK_S
 
     ray.train.ScalingConfig = ScalingConfig
+
+
+def wait_until_idle(nodes: int) -> None:
+    """Until every node's training CPU is free (the previous job's worker actors have exited)."""
+    import ray
+
+    want, deadline = nodes * NODE_CPUS, time.monotonic() + IDLE_CLUSTER_TIMEOUT_S
+    while ray.available_resources().get("CPU", 0) < want:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the cluster still holds CPUs after {IDLE_CLUSTER_TIMEOUT_S:.0f} s: "
+                               f"{ray.available_resources()} of {ray.cluster_resources()}")
+        time.sleep(POLL_S)
 
 
 def run_job(cluster, job: dict[str, Any], spec: dict[str, Any], node_args: dict[str, Any]) -> dict[str, Any]:
@@ -135,6 +150,7 @@ def main() -> None:
             if not ray.is_initialized():
                 ray.init(address=cluster.address)
                 quick_resize_checks()
+            wait_until_idle(job.get("nodes", 2))
             results.append(run_job(cluster, job, spec, node_args))
             opts.out.write_text(json.dumps({"jobs": results}, indent=1))
             if not results[-1]["finished"]:

@@ -30,9 +30,6 @@ TRAINER = ROOT / "trainer"
 NODE_CPUS = 1  # one training worker per node; Ray Train's controller actors take no CPU
 OBJECT_STORE_BYTES = 100 * 1024**2
 POLL_S = 0.5
-# How long a job waits for the previous job's workers to give their CPUs back before it starts (an
-# elastic job started earlier would size itself to the CPUs still held: seen on a loaded 2-core CI).
-IDLE_CLUSTER_TIMEOUT_S = 120.0
 # How long a worker group may wait for its placement group before the controller re-plans (Ray's
 # default is 60 s; the drill's cluster never gets the resources back, so a short wait suffices).
 WORKER_GROUP_START_TIMEOUT_S = "20"
@@ -55,7 +52,7 @@ def _environment() -> None:
 
 def quick_resize_checks() -> None:
     """Test-only: elastic groups look for returned capacity every RESIZE_CHECK_S (the driver builds its
-    ScalingConfig from `ray.train` at call time)."""
+    ScalingConfig from `ray.train` at call time). Called once per process."""
     import dataclasses
 
     import ray.train
@@ -65,18 +62,6 @@ def quick_resize_checks() -> None:
         elastic_resize_monitor_interval_s: float = RESIZE_CHECK_S
 
     ray.train.ScalingConfig = ScalingConfig
-
-
-def wait_until_idle(nodes: int) -> None:
-    """Until every node's training CPU is free (the previous job's worker actors have exited)."""
-    import ray
-
-    want, deadline = nodes * NODE_CPUS, time.monotonic() + IDLE_CLUSTER_TIMEOUT_S
-    while ray.available_resources().get("CPU", 0) < want:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the cluster still holds CPUs after {IDLE_CLUSTER_TIMEOUT_S:.0f} s: "
-                               f"{ray.available_resources()} of {ray.cluster_resources()}")
-        time.sleep(POLL_S)
 
 
 def run_job(cluster, job: dict[str, Any], spec: dict[str, Any], node_args: dict[str, Any]) -> dict[str, Any]:
@@ -137,28 +122,29 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     node_args = {"num_cpus": NODE_CPUS, "node_ip_address": "127.0.0.1", "object_store_memory": OBJECT_STORE_BYTES}
-    cluster = Cluster(initialize_head=True, head_node_args={**node_args, "temp_dir": str(Path(temp_dir) / "ray"),
-                                                            "include_dashboard": False})
+    head_args = {**node_args, "temp_dir": str(Path(temp_dir) / "ray"), "include_dashboard": False}
     results: list[dict[str, Any]] = []
+    quick_resize_checks()
     try:
         for job in spec["jobs"]:
-            while len(cluster.worker_nodes) + 1 < job.get("nodes", 2):
-                cluster.add_node(**node_args)
-            for node in list(cluster.worker_nodes)[: max(0, len(cluster.worker_nodes) + 1 - job.get("nodes", 2))]:
-                cluster.remove_node(node)
-            cluster.wait_for_nodes()
-            if not ray.is_initialized():
+            # A cluster of its own per job: Ray Train's autoscaling coordinator (a cluster-wide actor)
+            # keeps a finished job's resource request until it expires (180 s) when its cancel times
+            # out, and an elastic job sizes itself to what is left (seen on a loaded 2-core CI).
+            cluster = Cluster(initialize_head=True, head_node_args=head_args)
+            try:
+                for _ in range(job.get("nodes", 2) - 1):
+                    cluster.add_node(**node_args)
+                cluster.wait_for_nodes()
                 ray.init(address=cluster.address)
-                quick_resize_checks()
-            wait_until_idle(job.get("nodes", 2))
-            results.append(run_job(cluster, job, spec, node_args))
-            opts.out.write_text(json.dumps({"jobs": results}, indent=1))
-            if not results[-1]["finished"]:
-                break  # the job still waits on the cluster: nothing else can run on it
+                results.append(run_job(cluster, job, spec, node_args))
+                opts.out.write_text(json.dumps({"jobs": results}, indent=1))
+            finally:
+                ray.shutdown()
+                cluster.shutdown()
+            if not results or not results[-1]["finished"]:
+                break  # an abandoned job's thread still runs: nothing else can use this process's Ray
     finally:
         opts.out.write_text(json.dumps({"jobs": results}, indent=1))
-        ray.shutdown()
-        cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
     sys.stdout.flush()
     os._exit(0)  # an abandoned job's thread would keep the interpreter alive

@@ -32,6 +32,7 @@ from typing import Any
 from demo.chart_job import (
     DemoError,
     as_kuberay_submits,
+    local_entrypoint,
     local_runtime_env,
     parse_chart_job,
     render_chart,
@@ -190,10 +191,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     job = parse_chart_job(rendered)
     trainer_dir = run_dir / "trainer"
     written = write_files(job, trainer_dir)
-    entrypoint = as_kuberay_submits(job.entrypoint)
+    entrypoint = as_kuberay_submits(local_entrypoint(job))
     say(f"2/4 ConfigMap {job.configmap_name}: {', '.join(p.name for p in written)} -> {trainer_dir} "
         "(the kubelet's ..data layout)")
-    say(f"    RayJob entry point, as KubeRay's submitter passes it (run in the job's working directory: the "
+    say(f"    RayJob entry point, as KubeRay's submitter passes it, with --installer=none (see the runtime env "
+        f"below) (run in the job's working directory: the "
         f"ConfigMap's files, mounted at {job.mount_path} in the submitter pod):")
     print(f"      {entrypoint}", flush=True)
     storage = job.storage_path
@@ -216,7 +218,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         say(
             f"    runtime env: all {len(pins)} pins are satisfied by this Python"
             + (f" except {'; '.join(exempt)}" if exempt else "")
-            + " -> submitted WITHOUT pip/uv (nothing is installed into the local cluster)"
+            + f" -> submitted with --installer=none instead of --installer={job.flags.get('installer', 'none')} "
+            "(the local workers install nothing; on GKE only the Ray Train workers would)"
         )
         say(f"    runtime env: working_dir {job.mount_path} -> {trainer_dir} (excludes {runtime_env.get('excludes')}: the "
             f"kubelet's ..data entries); + env STORAGE_EMULATOR_HOST={gcs.url}, "

@@ -9,6 +9,8 @@ the Kubernetes objects it renders.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import shlex
 import subprocess
 from dataclasses import dataclass, field
@@ -22,8 +24,12 @@ TRAINER_COMPONENT = "trainer-code"
 ENTRY_SCRIPT = "vision_train.py"
 # Packages whose local build may differ from the pin: CPU machines use the local CPU torch wheel.
 PIN_EXEMPT = {"torch": "the local CPU build; the pin is the GPU image's"}
-# Ray runtime env fields that install the pins (chart: rayJob.runtimeEnv.installer).
-INSTALLERS = ("pip", "uv")
+# The trainer's flag naming what the Ray Train workers install (chart: dependencies and
+# rayJob.runtimeEnv.installer), its value for "nothing", and the flag with the extra requirements.
+INSTALLER_FLAG = "installer"
+NO_INSTALLER = "none"
+EXTRA_PIP_FLAG = "extra_pip"
+WORKER_ENV_MODULE = "worker_runtime_env.py"  # the trainer's module that builds the workers' runtime env
 
 
 class DemoError(RuntimeError):
@@ -197,23 +203,48 @@ def check_pins(packages: list[str]) -> list[PinCheck]:
     return checks
 
 
+def worker_packages(job: ChartJob, working_dir: Path) -> list[str]:
+    """What the job's Ray Train workers would install: the trainer's own worker_runtime_env (from the
+    ConfigMap's files in ``working_dir``) for the rendered --installer and --extra_pip."""
+    installer = job.flags.get(INSTALLER_FLAG, NO_INSTALLER)
+    if installer == NO_INSTALLER:
+        return []
+    spec = importlib.util.spec_from_file_location("demo_worker_runtime_env", working_dir / WORKER_ENV_MODULE)
+    if spec is None or spec.loader is None:
+        raise DemoError(f"the trainer ConfigMap has no {WORKER_ENV_MODULE}: run `make sync-trainer`")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    extra = json.loads(job.flags.get(EXTRA_PIP_FLAG) or "[]")
+    env = module.worker_runtime_env(installer, extra, requirements=working_dir / "requirements.txt")
+    return list(env[installer]["packages"])
+
+
+def local_entrypoint(job: ChartJob) -> str:
+    """The rendered entry point with ``--installer=none`` and no ``--extra_pip``: the local Python has the
+    pins already (local_runtime_env checks them), so the workers install nothing."""
+    words = []
+    for word in shlex.split(job.entrypoint):
+        name = word[2:].split("=", 1)[0] if word.startswith("--") else None
+        if name == EXTRA_PIP_FLAG:
+            continue
+        words.append(f"--{INSTALLER_FLAG}={NO_INSTALLER}" if name == INSTALLER_FLAG else word)
+    return shlex.join(words)
+
+
 def local_runtime_env(job: ChartJob, working_dir: Path, extra_env: dict[str, str]) -> tuple[dict[str, Any], list[PinCheck]]:
-    """The runtime env to submit locally: the rendered one with its pip/uv list verified and left out.
+    """The runtime env to submit locally: the rendered one, with what the workers would install verified.
 
     Raises DemoError when the local Python does not satisfy a pin (installing packages into a local
-    cluster's job environment would take minutes and the network; ``make setup`` installs the pins).
+    cluster's workers would take minutes and the network; ``make setup`` installs the pins); submit
+    ``local_entrypoint(job)`` with it, so the workers install nothing.
     """
     env = dict(job.runtime_env)
-    packages: list[str] = []
-    for installer in INSTALLERS:  # the chart renders one of them (rayJob.runtimeEnv.installer), or none
-        spec = env.pop(installer, None)
-        packages += (spec.get("packages") if isinstance(spec, dict) else spec) or []
-    checks = check_pins(list(packages))
+    checks = check_pins(worker_packages(job, working_dir))
     bad = [c for c in checks if not c.ok]
     if bad:
         lines = "\n".join(f"  {c.requirement}: installed {c.installed or 'nothing'}" for c in bad)
         raise DemoError(
-            "the chart's runtime env pins packages this Python does not have:\n"
+            "the chart's Ray Train workers would install packages this Python does not have:\n"
             f"{lines}\nrun `make setup` (it installs trainer/requirements.txt into .venv)"
         )
     unknown = set(env) - {"env_vars", "config", "working_dir", "excludes"}

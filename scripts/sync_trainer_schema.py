@@ -6,7 +6,8 @@ charts/gemma3-ray/values.schema.json, typed from its annotation (Literal → enu
 str) and described by its help text; no other key is allowed. So a misspelt or unknown flag, or a
 value of the wrong type, fails at `helm install`/`helm template`, with Helm naming the field, instead
 of after KubeRay has started the GPU nodes. The keys the chart derives (num_workers, use_gpu,
-storage_path, run_name) or never renders (hf_token) keep their hand-written "not allowed here" entries.
+storage_path, run_name, installer, extra_pip) or never renders (hf_token) keep their hand-written "not
+allowed here" entries.
 
     python scripts/sync_trainer_schema.py           # rewrite the schema (make sync-trainer runs it)
     python scripts/sync_trainer_schema.py --check   # exit 1 if the schema is out of date

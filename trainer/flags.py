@@ -127,6 +127,12 @@ class TrainArguments:
                                       "the UTC time).")
     resume_from: str = flag("", "Continue an earlier run: its run name (under <storage_path>/runs/) or the gs:// or "
                                 "local path of a checkpoint ('' starts fresh). This run's own checkpoints win.")
+    installer: Literal["none", "uv", "pip"] = flag(
+        "none", "What the Ray Train workers install at start (derived: the chart's dependencies and "
+                "rayJob.runtimeEnv.installer): none (their image has the packages), or uv/pip: Ray's runtime env "
+                "of the workers only installs requirements.txt beside vision_train.py (ray excluded) and extra_pip.")
+    extra_pip: str = flag("[]", 'JSON list of extra pip requirements the workers install with installer uv/pip '
+                                '(derived: rayJob.runtimeEnv.extraPip), e.g. ["wandb==0.19.0"].')
     recipe: Literal["fast", "tutorial"] = flag(
         "fast", "Preset for the speed/memory flags left unset: fast (bf16 fused LoRA, sdpa, no checkpointing, batch 16, "
                 "Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200) or tutorial (the "
@@ -209,6 +215,8 @@ CONFLICTS: list[tuple[Callable[[TrainArguments], Any], str]] = [
      "e.g. --run_name=r3-20260101-120000"),
     (lambda a: a.resume_from and not is_checkpoint_path(a.resume_from) and not RUN_NAME_PATTERN.fullmatch(a.resume_from),
      "resume_from={a.resume_from!r} is neither a run name nor a gs:// or local checkpoint path"),
+    (lambda a: a.installer == "none" and a.extra_pip.strip() not in ("", "[]"),
+     "extra_pip={a.extra_pip} needs --installer=uv or pip (with installer none the workers install nothing)"),
     (lambda a: a.resume_from and a.resume_from == a.run_name,
      "resume_from={a.resume_from!r} names this run itself; a restart of a run resumes its own checkpoints without it"),
 ]
@@ -316,10 +324,11 @@ def validate_args(args: TrainArguments) -> None:
             text = str(value).lower() if isinstance(value, bool) else value
             errors.append(f"{f.name}={text} needs GPUs ({GPU_ONLY[f.name][1]})")
     errors += [message.format(a=args) for wrong, message in CONFLICTS if wrong(args)]
-    try:
-        column_mapping(args)
-    except UsageError as e:
-        errors.append(str(e))
+    for check in (column_mapping, extra_pip):
+        try:
+            check(args)
+        except UsageError as e:
+            errors.append(str(e))
     if errors:
         raise UsageError("invalid flags:\n  - " + "\n  - ".join(errors))
 
@@ -360,3 +369,14 @@ def column_mapping(args: TrainArguments) -> dict[str, str]:
         )
     merged = {**DEFAULT_COLUMN_MAPPING, **overrides}
     return {f: merged.get(f, f) for f in fields}
+
+
+def extra_pip(args: TrainArguments) -> list[str]:
+    """The extra pip requirements of the workers (--extra_pip)."""
+    try:
+        value = json.loads(args.extra_pip or "[]")
+    except json.JSONDecodeError as e:
+        raise UsageError(f'extra_pip: not JSON ({e}); example: --extra_pip=["wandb==0.19.0"]') from e
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise UsageError('extra_pip: must be a JSON list of requirement strings, e.g. ["wandb==0.19.0"]')
+    return value

@@ -14,10 +14,12 @@ configurable and resumable:
   ``metrics.jsonl``, ``summary.json`` and TensorBoard events sit next to it. A finished run is never
   trained again; ``--resume_from`` continues an earlier run explicitly.
 
-This module and what it imports at module level use only the standard library and Ray (the head node
-needs nothing else to parse, validate and plan); the workers' code is in worker.py and its imports.
+This module and what it imports use only the standard library and Ray: the head node needs nothing else
+to parse, validate, plan and run the job (Ray Train's DataParallelTrainer with torch_backend, not
+TorchTrainer, whose package imports torch); the workers' code is in worker.py and its imports.
 Modules: flags (arguments, recipes, checks), storage, runs (run identity), data, encoding, model,
-metrics (metrics.jsonl, summary.json), worker.
+metrics (metrics.jsonl, summary.json), worker, torch_backend (Ray Train's torch process group, set up
+without torch on the head), worker_runtime_env (what only the workers install).
 
 Usage (flags are ``--name=value``; booleans ``true|false``; maps as JSON; see trainer/README.md)::
 
@@ -37,9 +39,11 @@ import run_report
 import startup_timing
 from data import check_dataset_before_download
 from elastic import ray_num_workers
-from flags import UsageError, parse_args
+from flags import UsageError, extra_pip, parse_args
 from runs import CHECKPOINTS_DIR, SUMMARY_FILE, plan_run
 from storage import storage_for
+from torch_backend import TorchBackendConfig
+from worker_runtime_env import worker_runtime_env
 
 CODE_DIR = str(Path(__file__).resolve().parent)
 SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "first_train_loss",
@@ -92,12 +96,13 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         raise SystemExit(2) from e
 
     import ray.train
-    from ray.train.torch import TorchTrainer  # needs torch: only once a job really starts
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # TorchTrainer's base: no torch
 
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)
-    trainer = TorchTrainer(
+    trainer = DataParallelTrainer(
         train_loop_per_worker,
+        backend_config=TorchBackendConfig(),
         train_loop_config={
             "args": asdict(args),
             "storage": asdict(storage),
@@ -119,6 +124,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             storage_filesystem=fs,
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=args.save_total_limit),
             failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
+            worker_runtime_env=worker_runtime_env(args.installer, extra_pip(args)),
         ),
     )
     result = trainer.fit()

@@ -34,7 +34,7 @@ TUTORIAL = VALUES_DIR / "tutorial.yaml"
 MOUNT = "/home/ray/trainer"
 ENTRY = ["python", "vision_train.py"]
 REQUIREMENTS = CHART / "files" / "trainer" / "requirements.txt"
-DERIVED = ("num_workers", "use_gpu", "storage_path", "run_name")
+DERIVED = ("num_workers", "use_gpu", "storage_path", "run_name", "installer", "extra_pip")
 
 
 def requirement_lines() -> list[str]:
@@ -135,14 +135,16 @@ def test_images_and_ray_version_follow_the_requirements_pin(renders: dict[str, R
     assert submitter["image"] == head["image"]
 
 
-def test_runtime_env_pip_list_equals_the_pins(renders: dict[str, Render]) -> None:
-    expected = [ln for ln in requirement_lines() if not re.match(r"^ray(\[|==|$)", ln)]
-    assert expected and all("==" in ln for ln in expected)
-    for name in ("tutorial.yaml", "local.yaml"):
+def test_the_job_runtime_env_installs_nothing_and_names_the_workers_installer(renders: dict[str, Render]) -> None:
+    """The pins reach the Ray Train workers only (tests/chart/test_chart_dependencies.py builds their
+    runtime env): the job's runtime env, which the head's driver and controller get, has no installer."""
+    for name in ("tutorial.yaml", "local.yaml", "token-extras-values.yaml"):
         env = yaml.safe_load(renders[name].one("RayJob")["spec"]["runtimeEnvYAML"])
-        assert env["uv"]["packages"] == expected, name  # rayJob.runtimeEnv.installer: uv (the default)
+        assert not {"pip", "uv", "conda", "container", "image_uri"} & set(env), name
+        assert flags(renders[name])["installer"] == "uv", name  # rayJob.runtimeEnv.installer: uv (the default)
+    assert json.loads(flags(renders["token-extras-values.yaml"])["extra_pip"]) == ["wandb==0.19.0"]
+    assert "extra_pip" not in flags(renders["tutorial.yaml"])
     extras = yaml.safe_load(renders["token-extras-values.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])
-    assert extras["uv"]["packages"] == [*expected, "wandb==0.19.0"]
     # user envVars merge over the chart's default (which keeps Ray Train from printing every line twice)
     assert extras["env_vars"] == {"NCCL_DEBUG": "WARN", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     plain = yaml.safe_load(renders["tutorial.yaml"].one("RayJob")["spec"]["runtimeEnvYAML"])
@@ -212,6 +214,7 @@ def test_entrypoint_is_the_training_map_plus_derived_flags(renders: dict[str, Re
     assert f.pop("use_gpu") == "true"
     assert f.pop("storage_path") == "gs://my-gemma3-ray-bucket/gemma3-vision"
     assert re.fullmatch(r"r1-[0-9]{8}-[0-9]{6}-[a-z0-9]{4}", f.pop("run_name"))
+    assert f.pop("installer") == "uv"
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())["training"]
     merged = {**defaults, **values["training"]}
     expected = {k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in merged.items()}

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from helm_render import CHART, CI_VALUES_DIR, VALUES_DIR, Render, helm_bin
 from submitter_replay import replayed_runtime_env
+from worker_env import workers_runtime_env
 
 CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -207,10 +208,12 @@ def test_shell_expansions_in_the_runtime_env_are_rejected_naming_the_key(helm: s
 
 def test_runtime_env_text_reaches_ray_job_submit_unchanged(render: Callable[..., Render], tmp_path: Path) -> None:
     """A replay of the submitter command KubeRay builds, in real bash: quotes, spaces, backslashes,
-    ; & | < > and non-ASCII in env values and pip lines arrive byte for byte."""
+    ; & | < > and non-ASCII in env values arrive byte for byte; pip lines with quotes, ; & | < > and
+    spaces reach the workers' runtime env unchanged through the entry point's two shells."""
     tricky = {"A": 'say "hi"; echo a&b | c > d', "B": "back\\slash 'single' tab\tend", "C": "naïve ✓"}
+    pip_lines = ["pkg>=1; python_version>'3.8'", 'other[x]<2,>=1; sys_platform == "linux"', "a&b|c"]
     values = tmp_path / "env.yaml"
-    values.write_text(yaml.safe_dump({"rayJob": {"runtimeEnv": {"envVars": tricky, "extraPip": ["pkg>=1; python_version>'3.8'"]}}}))
+    values.write_text(yaml.safe_dump({"rayJob": {"runtimeEnv": {"envVars": tricky, "extraPip": pip_lines}}}))
     r = render(CI_DEFAULT, values)
     assert r.returncode == 0, r.stderr
     rendered = yaml.safe_load(r.one("RayJob")["spec"]["runtimeEnvYAML"])
@@ -218,7 +221,7 @@ def test_runtime_env_text_reaches_ray_job_submit_unchanged(render: Callable[...,
     assert replayed == rendered
     for k, v in tricky.items():
         assert replayed["env_vars"][k] == v
-    assert replayed["uv"]["packages"][-1] == "pkg>=1; python_version>'3.8'"
+    assert workers_runtime_env(r, tmp_path)["uv"]["packages"][-len(pip_lines):] == pip_lines
 
 
 def test_the_replay_does_expand_what_the_chart_rejects(render: Callable[..., Render]) -> None:

@@ -22,7 +22,15 @@ import pytest
 import yaml
 
 from demo import __main__ as demo_main
-from demo.chart_job import DemoError, as_kuberay_submits, parse_chart_job, render_chart
+from demo.chart_job import (
+    DemoError,
+    as_kuberay_submits,
+    local_entrypoint,
+    parse_chart_job,
+    render_chart,
+    worker_packages,
+    write_files,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
@@ -131,12 +139,16 @@ def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
     for name, text in job.files.items():
         (plain / name).write_bytes(text.encode())
     assert short_run["job_working_dir_uri"] == get_uri_for_directory(str(plain), include_gitignore=True)
-    # The command: the rendered entry point, as KubeRay's submitter passes it.
+    # The command: the rendered entry point, as KubeRay's submitter passes it, with --installer=none.
     assert short_run["rendered_entrypoint"] == job.entrypoint
-    assert short_run["submitted_entrypoint"] == as_kuberay_submits(job.entrypoint)
+    assert short_run["submitted_entrypoint"] == as_kuberay_submits(local_entrypoint(job))
     assert shlex.split(short_run["submitted_entrypoint"])[1] == "vision_train.py"
-    words = shlex.split(job.entrypoint)[2:]
+    words = shlex.split(local_entrypoint(job))[2:]
     assert shlex.split(short_run["submitted_entrypoint"])[2:] == words
+    rendered = shlex.split(job.entrypoint)[2:]
+    assert "--installer=uv" in rendered
+    assert [w for w in rendered if not w.startswith(("--installer=", "--extra_pip="))] == [
+        w for w in words if w != "--installer=none"]
     assert f"--max_steps={SHORT_STEPS}" in words
     # The run is the one the render named (one per Helm revision), and the demo read it from its directory.
     assert f"--run_name={short_run['run_name']}" in words
@@ -144,7 +156,9 @@ def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
     # Ray ran that command (its own log line), with the ConfigMap's files as the working directory.
     log = Path(short_run["job_log"]).read_text()
     assert f"Running entrypoint for job {short_run['job']['submission_id']}: {short_run['submitted_entrypoint']}" in log
-    # The runtime env: the chart's, minus the pip list the demo verified locally.
+    # The runtime env: the chart's (no installer: only the Ray Train workers would install, and the demo
+    # verified their list locally and submitted --installer=none).
+    assert "--installer=none" in words
     env_vars = short_run["submitted_runtime_env"]["env_vars"]
     assert not {"pip", "uv"} & set(short_run["submitted_runtime_env"])
     assert env_vars["STORAGE_EMULATOR_HOST"].startswith("http://127.0.0.1:")
@@ -213,15 +227,18 @@ def test_unreachable_ray_address_is_not_replaced_silently(tmp_path: Path, capsys
     assert f"RAY_ADDRESS=http://127.0.0.1:{port}" in err and "unset it" in err
 
 
-def test_rendered_local_values_give_the_demo_what_it_needs() -> None:
+def test_rendered_local_values_give_the_demo_what_it_needs(tmp_path: Path) -> None:
     job = parse_chart_job(render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"}))
     assert set(job.files) >= {"vision_train.py", "requirements.txt"}
     assert job.entrypoint.startswith("python vision_train.py ")
     assert job.runtime_env["working_dir"] == job.mount_path == "/home/ray/trainer"
     assert job.storage_path.startswith("gs://")
     assert job.flags["use_gpu"] == "false" and job.num_workers == 2
-    pins = job.runtime_env["uv"]["packages"]  # rayJob.runtimeEnv.installer: uv (the default)
+    assert job.flags["installer"] == "uv"  # rayJob.runtimeEnv.installer: uv (the default), for the workers only
+    write_files(job, tmp_path / "trainer")
+    pins = worker_packages(job, tmp_path / "trainer")
     assert any(p.startswith("transformers==") for p in pins)
+    assert "--installer=none" in local_entrypoint(job).split()  # the local workers install nothing
 
 
 def test_bad_values_fail_with_helms_message(tmp_path: Path) -> None:

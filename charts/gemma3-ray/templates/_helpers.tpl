@@ -127,32 +127,13 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
 
 {{/*
-The runtime env's pip list: every requirement line except comments, blank lines and ray itself
-(the Ray image provides ray, and its tag is the same pin).
-*/}}
-{{- define "gemma3-ray.pipPackages" -}}
-{{- $out := list -}}
-{{- range (include "gemma3-ray.requirements" .) | splitList "\n" -}}
-{{- $line := regexReplaceAll "\\s+#.*$" . "" | trim -}}
-{{- if and $line (not (hasPrefix "#" $line)) (not (regexMatch "^ray([\\[=<>~!; ]|$)" $line)) -}}
-{{- $out = append $out $line -}}
-{{- end -}}
-{{- end -}}
-{{- toJson $out -}}
-{{- end -}}
-
-{{/*
 Arguments: dict "root" $ "role" "head"|"worker"|"submitter". With dependencies=image, workers run
-the training image (workers.image) and so does the head unless head.image.repository is set: the
-driver and Ray Train's controller run there. The submitter only runs `ray job submit`: always the
-head's own (default: stock Ray) image.
+the training image (workers.image). The head (the driver and Ray Train's controller, which need only
+Ray) and the submitter (`ray job submit`) run the head's own image, stock Ray by default.
 */}}
 {{- define "gemma3-ray.image" -}}
 {{- $v := .root.Values -}}
 {{- $group := ternary $v.workers $v.head (eq .role "worker") -}}
-{{- if and (eq $v.dependencies "image") (eq .role "head") (not $v.head.image.repository) -}}
-{{- $group = $v.workers -}}
-{{- end -}}
 {{- $repo := default $v.image.repository $group.image.repository -}}
 {{- $tag := printf "%s-%s" (include "gemma3-ray.rayVersion" .root) $v.image.pythonTag -}}
 {{- if and (eq .role "worker") (gt (int $v.workers.gpusPerNode) 0) -}}
@@ -269,6 +250,10 @@ sorted order, each as one shell-quoted --key=value word.
 {{- $args = append $args (printf "--use_gpu=%s" (ternary "true" "false" (gt (int .Values.workers.gpusPerNode) 0))) -}}
 {{- $args = append $args (printf "--storage_path=%s" (include "gemma3-ray.shellQuote" (include "gemma3-ray.storagePath" .))) -}}
 {{- $args = append $args (printf "--run_name=%s" (include "gemma3-ray.runName" .)) -}}
+{{- $args = append $args (printf "--installer=%s" (include "gemma3-ray.installer" .)) -}}
+{{- with .Values.rayJob.runtimeEnv.extraPip -}}
+{{- $args = append $args (printf "--extra_pip=%s" (include "gemma3-ray.shellQuote" (include "gemma3-ray.extraPipFlag" $))) -}}
+{{- end -}}
 {{- range $k, $v := .Values.training -}}
 {{- if not (kindIs "invalid" $v) -}}
 {{- $text := include "gemma3-ray.flagValue" $v -}}
@@ -285,25 +270,45 @@ sorted order, each as one shell-quoted --key=value word.
 {{- end -}}
 
 {{/*
-The job's runtime env. dependencies=runtimeEnv: the pins (and extraPip) under Ray's `pip` or `uv`
-field, installed at every job start; dependencies=image: no installer field at all (the image has
-them). Always `config.setup_timeout_seconds`.
+What the Ray Train workers install at start (the trainer's --installer): none with
+dependencies=image, else rayJob.runtimeEnv.installer. The trainer gives the workers, and only them,
+Ray's `uv`/`pip` runtime env field with the pins of its requirements.txt (the ConfigMap's copy of
+files/trainer/requirements.txt, ray excluded) and --extra_pip; the head installs nothing.
+*/}}
+{{- define "gemma3-ray.installer" -}}
+{{- ternary "none" .Values.rayJob.runtimeEnv.installer (eq .Values.dependencies "image") -}}
+{{- end -}}
+
+{{/*
+rayJob.runtimeEnv.extraPip as the trainer's --extra_pip: a JSON list, written with a space after
+"[" so that `ray job submit` (subprocess.list2cmdline) double-quotes the word for the job's /bin/sh,
+where only $, ` and \ remain special: those are rejected.
+*/}}
+{{- define "gemma3-ray.extraPipFlag" -}}
+{{- $items := list -}}
+{{- range $i, $p := .Values.rayJob.runtimeEnv.extraPip -}}
+{{- if regexMatch "[$`\\\\]" $p -}}
+{{- fail (printf "rayJob.runtimeEnv.extraPip[%d]: the value contains $ or ` (or \\), which a shell on the way to the Ray job would expand (the requirement reaches the trainer as a flag); remove them" $i) -}}
+{{- end -}}
+{{- $items = append $items (toRawJson $p) -}}
+{{- end -}}
+{{- printf "[ %s ]" (join ", " $items) -}}
+{{- end -}}
+
+{{/*
+The job's runtime env: the trainer files as working_dir, env_vars and config.setup_timeout_seconds,
+for every process of the job. No installer field in either mode: with dependencies=runtimeEnv the
+driver gives the packages to the Ray Train workers only (see gemma3-ray.installer); Ray merges that
+into this env for them (their fields win, env_vars merge), so they keep working_dir and the timeout.
 */}}
 {{- define "gemma3-ray.runtimeEnv" -}}
 {{- $rt := .Values.rayJob.runtimeEnv -}}
-{{- range $i, $p := $rt.extraPip -}}
-{{- include "gemma3-ray.checkRuntimeEnvText" (dict "key" (printf "rayJob.runtimeEnv.extraPip[%d]" $i) "text" $p) -}}
-{{- end -}}
 {{- $env := dict -}}
 {{- range $k, $v := $rt.envVars -}}
 {{- include "gemma3-ray.checkRuntimeEnvText" (dict "key" (printf "rayJob.runtimeEnv.envVars.%s" $k) "text" (toString $v)) -}}
 {{- $_ := set $env $k (toString $v) -}}
 {{- end -}}
 {{- $re := dict "config" (dict "setup_timeout_seconds" (int $rt.setupTimeoutSeconds)) -}}
-{{- if eq .Values.dependencies "runtimeEnv" -}}
-{{- $packages := concat (include "gemma3-ray.pipPackages" . | fromJsonArray) $rt.extraPip -}}
-{{- $_ := set $re $rt.installer (dict "packages" $packages (printf "%s_check" $rt.installer) false) -}}
-{{- end -}}
 {{- $_ := set $re "working_dir" (include "gemma3-ray.trainerMountPath" .) -}}
 {{- $_ := set $re "excludes" (include "gemma3-ray.workingDirExcludes" . | fromJsonArray) -}}
 {{- if $env -}}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real job under Ray Train on the GPU machine: vision_train.py's own main (TorchTrainer, checkpoints,
+# The real job under Ray Train on the GPU machine: vision_train.py's own main (Ray Train, checkpoints,
 # summary) on the bench's random 4B model and synthetic rows.
 #   bench/e2e_ray.sh NUM_WORKERS [extra trainer flags...]
 # Env: E2E_ROWS (600), E2E_STEPS (30). Prints the job start split (gemma3-ray job start: ...) at the end. Throughput per log interval lands in /tmp/e2e-N/runs/<run>/metrics.jsonl (the log's first line names the run).

@@ -10,7 +10,7 @@ bash bench/device.sh "tutorial:tutorial" "plain_trl:plain_trl" "round1:round1" "
   >>"$OUT/bench.log" 2>&1
 timeout 220 python3 bench/bench.py run --recipe freeze_vision --name freeze_vision_3ep --epochs 3 --rows 1345 \
   --warmup 1 --out "$OUT/results.jsonl" >>"$OUT/bench.log" 2>&1 || echo "freeze_vision_3ep failed or timed out"
-# the Ray Train job itself (TorchTrainer, loader processes, checkpoint, eval) at the default's global batch
+# the Ray Train job itself (vision_train.main, loader processes, checkpoint, eval) at the default's global batch
 E2E_ROWS=${E2E_ROWS:-700} E2E_STEPS=${E2E_STEPS:-10} timeout 170 bash bench/e2e_ray.sh 1 \
   --per_device_train_batch_size=16 --gradient_accumulation_steps=4 >"$OUT/e2e.log" 2>&1 || echo "e2e failed"
 m=$(find /tmp/e2e-1 -name metrics.jsonl | head -1); [ -n "$m" ] && cp "$m" "$OUT/e2e-metrics.jsonl"

@@ -65,12 +65,13 @@ MM_TOKENS_PER_IMAGE = 256
 # Recipes: trainer flags. Everything not named takes the trainer's default.
 TUTORIAL_FLAGS = {
     # the tutorial's vision_train.py: QLoRA (NF4, double quant), eager attention, gradient
-    # checkpointing, batch 1 × 4 accumulation, LoRA r16/α16/0.05 on all linear layers, embeddings trained
+    # checkpointing, batch 1 × 4 accumulation (one worker's share of its global batch 64 on 16 GPUs),
+    # LoRA r16/α16/0.05 on all linear layers, embeddings trained
     "quantization": "4bit",
     "attn_implementation": "eager",
     "gradient_checkpointing": "true",
     "per_device_train_batch_size": 1,
-    "gradient_accumulation_steps": 4,
+    "global_batch_size": 4,
     "train_embeddings": "true",
     "lora_target": "all-linear",
     "lora_r": 16,
@@ -309,10 +310,14 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         processor = AutoProcessor.from_pretrained(model_dir)
         flags = dict(RECIPES[recipe])
         argv = [f"--{k}={v}" for k, v in flags.items()] + list(extra)
-        args = parse_trainer_args(argv + ["--model_id=" + str(model_dir), f"--use_gpu={str(not smoke).lower()}", "--eval_fraction=0",
-                                     "--save_strategy=no", "--logging_steps=1", "--num_workers=1",
-                                     f"--storage_path={work / 'runs' / recipe}"])
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        common = ["--model_id=" + str(model_dir), f"--use_gpu={str(not smoke).lower()}", "--eval_fraction=0",
+                  "--save_strategy=no", "--logging_steps=1", "--num_workers=1", f"--storage_path={work / 'runs' / recipe}"]
+        if not any(a.startswith("--global_batch_size") for a in argv):
+            # One worker, one micro-batch per optimizer step (no accumulation) unless the recipe says otherwise.
+            cap = parse_trainer_args([*argv, *common, "--global_batch_size=1"]).per_device_train_batch_size
+            argv.append(f"--global_batch_size={cap}")
+        args = parse_trainer_args(argv + common)
+        per_step = args.global_batch_size
         total = warmup + steps + phase_steps
         dataset = write_dataset(processor, work, rows or max(64, per_step * total))
         args.dataset_name = str(dataset)

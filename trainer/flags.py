@@ -60,9 +60,9 @@ RECIPES: dict[str, tuple[Any, Any, Any]] = {
     "quantization":               ("none", "4bit",   KEEP),
     "attn_implementation":        ("sdpa", "eager",  KEEP),
     "gradient_checkpointing":     (False,  True,     KEEP),
-    # 16 x ~410 tokens with fused LoRA: ~97-108 GiB peak on 4B (H200/B200); set 8 (~72 GiB) on an 80 GB H100
+    # the micro-batch cap: 16 x ~410 tokens with fused LoRA peak at ~97-108 GiB on 4B (H200/B200); 8 (~72 GiB)
+    # on an 80 GB H100
     "per_device_train_batch_size": (16,    1,        KEEP),
-    "gradient_accumulation_steps": (1,     4,        KEEP),
     "use_liger_kernel":           (True,   False,    False),
     "adapter_dtype":              ("bf16", "fp32",   "fp32"),
     "dataloader_num_workers":     (4,      0,        0),
@@ -104,10 +104,13 @@ class TrainArguments:
     max_seq_length: int = flag(1024, "Longest sample in tokens (image tokens included); longer rows are skipped, "
                                      "never cut (the tutorial: 512, truncating).", min=1)
     num_train_epochs: float = flag(3.0, "Epochs (max_steps wins when > 0).")
+    global_batch_size: int = flag(64, "Samples per optimizer step over all workers, the same on any number of "
+                                      "workers (the tutorial: 16 workers x 1 x 4 = 64). Each worker's share "
+                                      "(global_batch_size / workers, rounded down when it does not divide) is "
+                                      "split into micro-batches; accumulation is derived.", min=1)
     per_device_train_batch_size: int | None = flag(
-        None, "Samples per worker per micro-batch (default: from --recipe; tutorial: 1).", min=1)
-    gradient_accumulation_steps: int | None = flag(
-        None, "Micro-batches per optimizer step (default: from --recipe; tutorial: 4).", min=1)
+        None, "Most samples per worker per forward pass: the micro-batch is the largest divisor of "
+              "global_batch_size / workers up to this (default: from --recipe: fast 12, tutorial 1).", min=1)
     learning_rate: float = flag(2e-4, "Peak learning rate (constant schedule).", above=0)
     logging_steps: int = flag(5, "Log every N optimizer steps (the tutorial: 10).", min=1)
     save_strategy: Literal["steps", "epoch", "no"] = flag("epoch", "When to checkpoint.")
@@ -134,9 +137,10 @@ class TrainArguments:
     extra_pip: str = flag("[]", 'JSON list of extra pip requirements the workers install with installer uv/pip '
                                 '(derived: rayJob.runtimeEnv.extraPip), e.g. ["wandb==0.19.0"].')
     recipe: Literal["fast", "tutorial"] = flag(
-        "fast", "Preset for the speed/memory flags left unset: fast (bf16 fused LoRA, sdpa, no checkpointing, batch 16, "
-                "Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200) or tutorial (the "
-                "tutorial's QLoRA: 4-bit, eager, checkpointing, batch 1 x 4; fits small GPUs). See bench/RESULTS.md.")
+        "fast", "Preset for the speed/memory flags left unset: fast (bf16 fused LoRA, sdpa, no checkpointing, "
+                "micro-batch up to 16, Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200) or "
+                "tutorial (the tutorial's QLoRA: 4-bit, eager, checkpointing, micro-batch 1; fits small GPUs). Both "
+                "keep the tutorial's optimization (global_batch_size, learning rate, schedule). See bench/RESULTS.md.")
     quantization: Literal["none", "4bit"] | None = flag(None, "4bit = QLoRA (NF4) (default: from --recipe).")
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = flag(
         None, "Attention kernel (default: from --recipe).")
@@ -186,6 +190,40 @@ class TrainArguments:
 
 class UsageError(ValueError):
     """A flag or an input the user has to fix; the message says which and how."""
+
+
+# Flags that are gone, and what replaces them.
+RETIRED = {
+    "gradient_accumulation_steps": "accumulation is derived: set --global_batch_size (samples per optimizer "
+                                   "step over all workers) and --per_device_train_batch_size (the micro-batch cap)",
+}
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """How one optimizer step's samples are split: workers x micro-batch x accumulation = global batch."""
+
+    global_batch: int
+    micro_batch: int
+    accumulation: int
+
+
+def batch_shape(global_batch: int, world_size: int, micro_cap: int) -> BatchShape:
+    """Each worker's share is global_batch / world_size, rounded down when it does not divide (at least 1:
+    64 on 12 workers is 60); the micro-batch is the share's largest divisor up to `micro_cap`, the
+    accumulation the rest."""
+    share = max(1, global_batch // world_size)
+    micro = max(d for d in range(1, min(share, micro_cap) + 1) if share % d == 0)
+    return BatchShape(share * world_size, micro, share // micro)
+
+
+def describe_batch(batch: BatchShape, world_size: int, requested: int) -> str:
+    """One log line: how an optimizer step's samples are split."""
+    line = (f"[batch] global batch {batch.global_batch} = {world_size} workers x micro-batch {batch.micro_batch} "
+            f"x {batch.accumulation} accumulation")
+    if batch.global_batch != requested:
+        line += f" (global_batch_size={requested} rounded down to a multiple of {world_size} workers)"
+    return line
 
 
 # Combinations no flag's own range can catch: (is it wrong?, the fix). Messages format with `a` = the args.
@@ -284,6 +322,9 @@ def parse_args(argv: list[str] | None = None) -> TrainArguments:
             if name not in known and name not in ("help", "h"):
                 hint = difflib.get_close_matches(name, known, n=1)
                 unknown.append(f"--{name}" + (f" (did you mean --{hint[0]}?)" if hint else ""))
+    retired = [f"--{name}: {why}" for name, why in RETIRED.items() if any(a.startswith(f"--{name}") for a in argv)]
+    if retired:
+        raise UsageError("retired flag(s): " + "; ".join(retired))
     if unknown:
         raise UsageError(f"unknown flag(s): {', '.join(unknown)}. Known flags: see trainer/README.md.")
     args = TrainArguments(**vars(build_parser().parse_args(argv)))

@@ -40,13 +40,14 @@ import startup_timing
 from data import check_dataset_before_download
 from elastic import ray_num_workers
 from flags import UsageError, extra_pip, parse_args
-from runs import CHECKPOINTS_DIR, SUMMARY_FILE, plan_run
+from runs import CHECKPOINTS_DIR, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run
 from storage import storage_for
 from torch_backend import TorchBackendConfig
 from worker_runtime_env import worker_runtime_env
 
 CODE_DIR = str(Path(__file__).resolve().parent)
-SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "first_train_loss",
+SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "skipped_in_training",
+                "global_batch_size", "micro_batch_size", "gradient_accumulation_steps", "first_train_loss",
                 "final_train_loss", "first_eval_loss", "final_eval_loss", "final_answer_token_accuracy",
                 "samples_per_second", "tokens_per_second", "resumed_from_step", "newest_checkpoint", "final_adapter",
                 "merged_model", "metrics", "tensorboard", "samples", "report"]
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
 
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)
+    if storage.exists(USAGE_ERROR_FILE):  # from an earlier attempt of this run; the inputs may be fixed now
+        fs.delete_file(f"{base}/{USAGE_ERROR_FILE}")
     trainer = DataParallelTrainer(
         train_loop_per_worker,
         backend_config=TorchBackendConfig(),
@@ -128,6 +131,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         ),
     )
     result = trainer.fit()
+    problem = storage.read_bytes(USAGE_ERROR_FILE)
+    if problem:
+        print(f"error: {problem.decode()}", file=sys.stderr)
+        raise SystemExit(2)
     raw = storage.read_bytes(SUMMARY_FILE)
     summary = json.loads(raw) if raw else {}
     if result.checkpoint is not None:

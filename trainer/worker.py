@@ -16,16 +16,18 @@ from typing import Any
 
 import report_hook
 import startup_timing
-from elastic import split_batch
-from flags import TrainArguments
+from data import count_by_reason, skipped_line, some_row_ids
+from flags import TrainArguments, UsageError, batch_shape, describe_batch
 from metrics import RunReporter, build_summary, write_summary
 from model import build_trainer
-from runs import FINAL_DIR, MERGED_DIR, TENSORBOARD_DIR, TRAINER_STATE_FILE
+from resume import choose_checkpoint
+from runs import FINAL_DIR, MERGED_DIR, TENSORBOARD_DIR, USAGE_ERROR_FILE
 from scan_store import ScanGroup
-from storage import Storage, fetch_model, filesystem
+from storage import Storage, fetch_model
 
 # Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
 CUDA_ALLOC_CONF = "expandable_segments:True"
+SKIPPED_IN_TRAINING_LOG = "skipped_in_training.jsonl"  # one JSON line per row the collator skipped
 
 
 @dataclass
@@ -54,18 +56,6 @@ def build_callbacks(ctx: WorkerContext, reporter: RunReporter, factories: list[C
     return callbacks
 
 
-def resume_checkpoint(config: dict[str, Any], storage: Storage):
-    """This run's newest checkpoint (Ray Train restores it on every restart), else the earlier run's
-    checkpoint that --resume_from named, else None."""
-    import ray.train
-
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None and config.get("resume_checkpoint"):
-        fs, path = filesystem(config["resume_checkpoint"], storage.emulator_host)
-        checkpoint = ray.train.Checkpoint(path=path, filesystem=fs)
-    return checkpoint
-
-
 def train(config: dict[str, Any]) -> None:
     """The body of Ray Train's train_loop_per_worker."""
     import ray.train
@@ -88,49 +78,69 @@ def train(config: dict[str, Any]) -> None:
     tb_dir = local_dir / TENSORBOARD_DIR
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(tb_dir)
     ctx = WorkerContext(args, storage, rank, world_size, local_dir)
+    skip_log = local_dir / SKIPPED_IN_TRAINING_LOG
 
-    checkpoint = resume_checkpoint(config, storage)
-    resume_dir = None
-    resumed_from_step = None
     with contextlib.ExitStack() as stack:
-        if checkpoint is not None:
-            resume_dir = stack.enter_context(checkpoint.as_directory())
-            resumed_from_step = int(json.loads((Path(resume_dir) / TRAINER_STATE_FILE).read_text())["global_step"])
+        try:  # the same on every worker (bad_rows=fail, no usable rows, no loadable checkpoint): no retry
+            resume = choose_checkpoint(config, storage, stack, rank)
+            # From the live world size: the same global batch on however many workers run (elastic too).
+            batch = batch_shape(args.global_batch_size, world_size, args.per_device_train_batch_size)
+            reporter = RunReporter(storage, rank, batch.global_batch, tb_dir, local_dir, resume.step)
+            refresh = report_hook.refresh_callback(ctx, reporter, config["run_name"])
+            callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
+            callbacks.append(startup_timing.first_step_callback(rank))  # prints the split at step 1 (rank 0)
+            callbacks.append(refresh)
+            trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host,
+                                                      batch, callbacks, skip_log, ScanGroup.of_ray_worker(storage))
+            refresh.trainer, refresh.stats = trainer, stats
+        except UsageError as e:
             if rank == 0:
-                print(f"[rank 0] resuming from {checkpoint.path} at step {resumed_from_step}", flush=True)
-        # The global batch is the full-size group's; on fewer workers (elastic) each accumulates more.
-        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_workers
-        args.per_device_train_batch_size, args.gradient_accumulation_steps = split_batch(
-            global_batch, args.per_device_train_batch_size, world_size)
-        if world_size != args.num_workers and rank == 0:
-            print(f"[elastic] {world_size} of {args.num_workers} workers: global batch {global_batch} = "
-                  f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation x "
-                  f"{world_size}", flush=True)
-        reporter = RunReporter(storage, rank, global_batch, tb_dir, local_dir, resumed_from_step)
-        refresh = report_hook.refresh_callback(ctx, reporter, config["run_name"])
-        callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
-        callbacks.append(startup_timing.first_step_callback(rank))  # prints the split at step 1 (rank 0)
-        callbacks.append(refresh)
-        trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host, callbacks,
-                                                  ScanGroup.of_ray_worker(storage))
-        refresh.trainer, refresh.stats = trainer, stats
+                storage.write_bytes(USAGE_ERROR_FILE, str(e).encode())
+            return
         if rank == 0:
+            print(describe_batch(batch, world_size, args.global_batch_size), flush=True)
             print(f"[data] {json.dumps(stats)}", flush=True)
+            line = skipped_line(stats["skipped_rows"], stats["skipped_row_ids"], "in the scan")
+            if line:
+                print(line, flush=True)
             trainer.model.print_trainable_parameters()
-        result = trainer.train(resume_from_checkpoint=resume_dir)
+        result = trainer.train(resume_from_checkpoint=resume.directory)
     # The same decision on every rank (evaluation is collective): from the trainer state, not rank 0's records.
     evaluated_last = any(
         "eval_loss" in h and h.get("step") == trainer.state.global_step for h in trainer.state.log_history
     )
     final_eval = trainer.evaluate() if trainer.eval_dataset is not None and not evaluated_last else {}
 
+    skipped = skipped_in_training(skip_log, world_size)
     summary: dict[str, Any] = {}
     if rank == 0:
-        extra = {"run_name": config["run_name"], "resumed_from_step": resumed_from_step,
+        extra = {"run_name": config["run_name"], "resumed_from_step": resume.step,
+                 "micro_batch_size": batch.micro_batch, "gradient_accumulation_steps": batch.accumulation,
+                 "resumed_from": resume.uri, "broken_checkpoints": resume.broken,
+                 "skipped_in_training": count_by_reason(skipped), "skipped_in_training_row_ids": some_row_ids(skipped),
                  "startup": startup_timing.split()}
+        line = skipped_line(extra["skipped_in_training"], extra["skipped_in_training_row_ids"], "in training")
+        if line:
+            print(line, flush=True)
         summary = finish(ctx, trainer, processor, stats, reporter, result, final_eval, extra)
     ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
                                                                           if isinstance(v, int | float)}})
+
+
+def skipped_in_training(skip_log: Path, world_size: int) -> dict[str, list[int]]:
+    """{reason: row ids} of the rows every worker's collator had to skip (collective: call on every rank)."""
+    mine = [json.loads(line) for line in skip_log.read_text().splitlines()] if skip_log.is_file() else []
+    everyone = [mine]
+    if world_size > 1:
+        import torch.distributed as dist
+
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, mine)
+    skipped: dict[str, list[int]] = {}
+    for records in everyone:
+        for rec in records or []:
+            skipped.setdefault(rec["reason"], []).append(rec["row"])
+    return skipped
 
 
 def finish(ctx: WorkerContext, trainer, processor, stats: dict[str, Any], reporter: RunReporter, result,

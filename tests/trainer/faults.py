@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import TrainerCallback
 
@@ -35,3 +36,21 @@ class KillWorkerAfterStep:
 
     def __call__(self, ctx):
         return _KillOnce(self.step, ctx.storage) if ctx.rank == min(1, ctx.world_size - 1) else None
+
+
+class _RemoveOnTrainBegin(TrainerCallback):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        Path(self.path).unlink(missing_ok=True)
+
+
+@dataclass
+class RemoveFileOnTrainBegin:
+    """Every worker deletes `path` (an image the scan accepted) before its first training step."""
+
+    path: str
+
+    def __call__(self, ctx):
+        return _RemoveOnTrainBegin(self.path)

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from data import load_rows, prepare_data
+from data import ROW_ID, load_rows, prepare_data
 from encoding import LABEL_IGNORE
 from flags import TrainArguments, UsageError, parse_args
 from PIL import Image
 from storage import Storage
 
 from demo.sample_data import build_sample_dataset
+from tests.trainer.messy import BAD_REASONS, write_messy_jsonl
 
 CPU = ["--use_gpu=false", "--quantization=none"]
 LONG_NAME_WORDS = 400  # a product name far over --max_seq_length below
@@ -216,3 +217,50 @@ def test_trls_vision_collator_would_label_the_newline_after_end_of_turn(tiny_mod
         assert len(differ) == 1, differ  # one position: TRL labels it, the job does not
         assert tok.decode(ids[differ[0]]) == "\n" and ids[differ[0] - 1] == end_of_turn
         assert ours["labels"][i][mine][differ[0]] == LABEL_IGNORE
+
+
+def test_messy_rows_are_skipped_by_reason_with_their_row_ids(tiny_model, processor, sample_parquet, cache_dir,
+                                                             tmp_path) -> None:
+    """Issue #13's rows: the scan decodes every image in full (the truncated JPEG passed Image.verify()),
+    stops at the decompression bomb instead of raising, and rejects an image marker in a text field."""
+    data, where = write_messy_jsonl(sample_parquet, tmp_path, n_good=6)
+    args = job_args(tiny_model, data, cache_dir, "--eval_fraction=0")
+    train, _, _, stats = prepare_data(args, processor, None)
+    assert stats["skipped_rows"] == BAD_REASONS
+    assert stats["skipped_row_ids"] == {reason: [row] for reason, row in where.items()}
+    assert stats["train_rows"] == 6 and train[ROW_ID] == list(range(6))
+
+
+def test_bad_rows_fail_names_the_truncated_jpeg(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:
+    data, where = write_messy_jsonl(sample_parquet, tmp_path, n_good=6)
+    args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail")
+    with pytest.raises(UsageError, match=rf"row {where['corrupt_image']}: corrupt_image; --bad_rows=skip"):
+        prepare_data(args, processor, None)
+
+
+def test_an_image_marker_in_the_prompt_template_is_a_flag_error(tiny_model, processor, sample_parquet,
+                                                                cache_dir) -> None:
+    args = job_args(tiny_model, sample_parquet, cache_dir, "--prompt_template=See <start_of_image> {product}")
+    with pytest.raises(UsageError, match="prompt_template contains an image marker"):
+        prepare_data(args, processor, None)
+
+
+def test_a_row_that_fails_in_the_collator_is_skipped_not_fatal(tiny_model, processor, sample_parquet, cache_dir,
+                                                               tmp_path) -> None:
+    """An image that vanishes or breaks after the scan: the micro-batch keeps its size, the row is replaced
+    by an unlabelled stand-in (no loss, no tokens counted) and logged with its reason."""
+    data, _ = write_messy_jsonl(sample_parquet, tmp_path, n_good=4)
+    skip_log = tmp_path / "skipped.jsonl"
+    args = job_args(tiny_model, data, cache_dir, "--eval_fraction=0")
+    train, _, collator, _ = prepare_data(args, processor, None, skip_log=skip_log)
+    (tmp_path / "images" / "1.png").unlink()
+    (tmp_path / "images" / "2.png").write_bytes(b"not an image any more")
+    batch = collator([train[i] for i in range(4)])
+    labelled = (batch["labels"] != LABEL_IGNORE).sum(dim=1).tolist()
+    assert batch["input_ids"].shape[0] == 4 and batch["pixel_values"].shape[0] == 4
+    assert labelled[1] == labelled[2] == 0 and labelled[0] > 0 and labelled[3] > 0
+    alone = collator([train[1]])  # nothing in the batch decodes: the stand-in comes from the training rows
+    assert (alone["labels"] != LABEL_IGNORE).sum() == 0
+    logged = [json.loads(line) for line in skip_log.read_text().splitlines()]
+    assert logged == [{"row": 1, "reason": "missing_image"}, {"row": 2, "reason": "corrupt_image"},
+                      {"row": 1, "reason": "missing_image"}]

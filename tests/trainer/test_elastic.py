@@ -60,7 +60,7 @@ def flags(tiny_model: Path, data: Path, cache_dir: Path, storage: Path, elastic:
         f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
         f"--storage_path={storage}", "--use_gpu=false", "--quantization=none", "--num_workers=2",
         *(["--min_workers=1"] if elastic else []),
-        f"--per_device_train_batch_size={MICRO_BATCH}", f"--gradient_accumulation_steps={ACCUMULATION_ON_2}",
+        f"--per_device_train_batch_size={MICRO_BATCH}", f"--global_batch_size={GLOBAL_BATCH}",
         f"--num_train_epochs={EPOCHS}", "--logging_steps=1", "--save_strategy=steps", f"--save_steps={SAVE_STEPS}",
         "--eval_fraction=0", "--learning_rate=5e-3", "--lora_dropout=0", "--gradient_checkpointing=false",
         "--max_failures=3", "--seed=7",

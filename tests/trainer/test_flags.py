@@ -19,7 +19,7 @@ CPU = ["--use_gpu=false", "--quantization=none"]
 
 # The flag names of the trainer/chart/demo contract (prompts: common rules), verbatim.
 CONTRACT_FLAGS = """model_id dataset_name output_dir gcs_bucket push_to_hub lora_r lora_alpha lora_dropout
-max_seq_length num_train_epochs per_device_train_batch_size gradient_accumulation_steps learning_rate
+max_seq_length num_train_epochs global_batch_size per_device_train_batch_size learning_rate
 logging_steps save_strategy save_steps num_workers use_gpu accelerator_type storage_path quantization
 attn_implementation gradient_checkpointing lora_target train_embeddings freeze_vision max_steps
 eval_fraction eval_steps seed column_mapping prompt_template system_message bad_rows max_failures
@@ -111,7 +111,7 @@ def test_recipe_fills_only_unset_flags() -> None:
     tutorial = parse_args(["--recipe=tutorial"])
     assert (tutorial.quantization, tutorial.attn_implementation, tutorial.gradient_checkpointing) == (
         "4bit", "eager", True)
-    assert (tutorial.per_device_train_batch_size, tutorial.gradient_accumulation_steps) == (1, 4)
+    assert (tutorial.per_device_train_batch_size, tutorial.global_batch_size) == (1, 64)
     mixed = parse_args(["--recipe=tutorial", "--per_device_train_batch_size=2", "--gradient_checkpointing=false"])
     assert (mixed.quantization, mixed.per_device_train_batch_size, mixed.gradient_checkpointing) == ("4bit", 2, False)
     cpu = parse_args(CPU)

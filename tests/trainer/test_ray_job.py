@@ -43,7 +43,7 @@ def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_s
     return [
         f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
         f"--storage_path={storage}", f"--run_name={run_name}", "--use_gpu=false", "--quantization=none", "--num_workers=2",
-        "--per_device_train_batch_size=2", "--gradient_accumulation_steps=2", f"--max_steps={max_steps}",
+        "--global_batch_size=8", "--per_device_train_batch_size=2", f"--max_steps={max_steps}",
         "--logging_steps=1", "--save_strategy=steps", f"--save_steps={SAVE_STEPS}", "--eval_fraction=0.2",
         "--learning_rate=5e-3", "--gradient_checkpointing=false", "--max_failures=2", "--seed=7",
     ]
@@ -161,7 +161,7 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     # Some steps with trainable embeddings, so the rows' losses drift apart (a random model scores every
     # token about ln(vocab)) and the two averages differ clearly.
     flags = [*job_flags(tiny_model, data, cache_dir, str(root), EVAL_TEST_STEPS),
-             "--per_device_train_batch_size=1", "--gradient_accumulation_steps=1", "--eval_fraction=0.4",
+             "--global_batch_size=2", "--per_device_train_batch_size=1", "--eval_fraction=0.4",
              f"--save_steps={EVAL_TEST_STEPS}", "--train_embeddings=true", "--merge_adapter=true"]
     summary = vision_train.main(flags)
     args = parse_args(flags)

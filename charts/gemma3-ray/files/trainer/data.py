@@ -6,21 +6,36 @@ micro-batch.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import os
-from collections import Counter
+import warnings
 from pathlib import Path
 from typing import Any
 
-from encoding import SampleEncoder
+from encoding import LABEL_IGNORE, SampleEncoder
 from flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError, column_mapping
 from node_cache import copy_data_files, per_process, read_object
 from scan_store import ScanGroup, scan_key, shared_scan
 from storage import cache_root, filesystem, node_lock
 
 SCAN_BATCH_ROWS = 64
+# The scan's rules, part of the stored scan's key: a scan made under other rules is not reused.
+SCAN_RULES = "full-decode, bomb limit, image markers in text"
+# The column that keeps each kept row's index in the dataset (logs and the summary name rows by it).
+ROW_ID = "_row"
+# How many row ids per reason the log and the summary list.
+SHOWN_ROW_IDS = 5
+
+
+class BadImage(ValueError):
+    """An image that cannot be used; `reason` is the bad-row reason it is counted under."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
 
 
 DATA_SUFFIXES = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
@@ -141,47 +156,91 @@ def image_bytes(value: Any, image_base: str, emulator_host: str | None, cache: P
 
 
 def decode_image(data: bytes):
+    """The image fully decoded, as RGB. A decompression bomb (over PIL's pixel limit, which PIL itself only
+    warns about below twice the limit) raises BadImage("image_too_large"), any decoder error
+    BadImage("corrupt_image")."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as im:
-        return im.convert("RGB")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                return im.convert("RGB")
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise BadImage("image_too_large", str(e)) from e
+        except Exception as e:  # noqa: BLE001 - any decoder error makes the row unusable
+            raise BadImage("corrupt_image", f"{type(e).__name__}: {e}") from e
 
 
 class Collator:
-    """Decodes the images of a micro-batch (lazily: only here) and encodes it."""
+    """Decodes the images of a micro-batch (lazily: only here) and encodes it.
 
-    def __init__(self, encoder: SampleEncoder, image_base: str, emulator_host: str | None, cache: Path | None = None):
+    A row that still fails here (its image changed or vanished after the scan) is never fatal: it is
+    logged to `skip_log` and replaced by an unlabelled copy of a row that works, so the micro-batch keeps
+    its size on every worker and the failed row adds nothing to the loss.
+    """
+
+    def __init__(self, encoder: SampleEncoder, image_base: str, emulator_host: str | None, cache: Path | None = None,
+                 skip_log: Path | None = None, spare_rows=None):
         self.encoder, self.image_base, self.emulator_host, self.cache = encoder, image_base, emulator_host, cache
+        self.skip_log, self.spare_rows = skip_log, spare_rows
+        self.fallback: tuple[tuple[list[int], list[int]], Any] | None = None
+
+    def _row(self, row: dict[str, Any]) -> tuple[tuple[list[int], list[int]], Any]:
+        data = image_bytes(row[IMAGE_FIELD], self.image_base, self.emulator_host, self.cache)
+        if data is None:
+            raise BadImage("missing_image", f"image vanished after the scan: {str(row[IMAGE_FIELD])[:80]}")
+        return self.encoder.encode(row), decode_image(data)
+
+    def _skip(self, row: dict[str, Any], error: Exception) -> None:
+        reason = error.reason if isinstance(error, BadImage) else f"{type(error).__name__}"
+        print(f"[data] skipped row {row.get(ROW_ID)} in training ({error})", flush=True)
+        if self.skip_log is not None:
+            with open(self.skip_log, "a") as fh:
+                fh.write(json.dumps({"row": row.get(ROW_ID), "reason": reason}) + "\n")
+
+    def _spare(self) -> tuple[tuple[list[int], list[int]], Any]:
+        if self.fallback is None:
+            for row in self.spare_rows if self.spare_rows is not None else []:
+                with contextlib.suppress(Exception):
+                    self.fallback = self._row(row)
+                    break
+            else:
+                raise RuntimeError("no row of the training set decodes any more")
+        (ids, labels), image = self.fallback
+        return (ids, [LABEL_IGNORE] * len(labels)), image
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        images = []
-        for r in rows:
-            data = image_bytes(r[IMAGE_FIELD], self.image_base, self.emulator_host, self.cache)
-            if data is None:
-                raise RuntimeError(f"image vanished after the scan: {str(r[IMAGE_FIELD])[:80]}")
-            images.append(decode_image(data))
-        return self.encoder(rows, images)
+        done: list[tuple[tuple[list[int], list[int]], Any] | None] = []
+        for row in rows:
+            try:
+                done.append(self._row(row))
+                self.fallback = self.fallback or done[-1]
+            except Exception as e:  # noqa: BLE001 - a bad row is skipped and counted, never fatal
+                self._skip(row, e)
+                done.append(None)
+        done = [d if d is not None else self._spare() for d in done]
+        return self.encoder.batch([d[0] for d in done], [d[1] for d in done])
 
 
 def row_problem(row: dict[str, Any], encoder: SampleEncoder, image_base: str, emulator_host: str | None,
                 max_seq_length: int, cache: Path | None = None) -> str | None:
-    """Why a row cannot be trained on, or None."""
-    from PIL import Image, UnidentifiedImageError
-
+    """Why a row cannot be trained on, or None. The image is decoded in full (truncation shows only then)."""
     answer = row.get(ANSWER_FIELD)
     if not isinstance(answer, str) or not answer.strip():
         return "empty_answer"
     for f in encoder.fields:
         if row.get(f) is None or (isinstance(row[f], str) and not row[f].strip()):
             return "empty_prompt_field"
+    if encoder.image_marker_in(row):
+        return "image_token_in_text"
     data = image_bytes(row.get(IMAGE_FIELD), image_base, emulator_host, cache)
     if data is None:
         return "missing_image"
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        return "corrupt_image"
+        decode_image(data)
+    except BadImage as e:
+        return e.reason
     if encoder.num_tokens(row) > max_seq_length:
         return "too_long"
     return None
@@ -189,8 +248,8 @@ def row_problem(row: dict[str, Any], encoder: SampleEncoder, image_base: str, em
 
 def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str, emulator_host: str | None,
                cache: Path | None = None, group: ScanGroup | None = None, key: str = ""):
-    """(rows without the bad ones, Counter of skipped rows by reason, whether the run's stored scan was
-    reused). bad_rows=fail raises instead. With a `group`, the scan is kept with the run (scan_store):
+    """(rows without the bad ones, with their dataset index in ROW_ID; {reason: [row ids]} of the skipped;
+    whether the run's stored scan was reused). bad_rows=fail raises instead, naming the row. With a `group`, the scan is kept with the run (scan_store):
     its workers split it, and a restart reads it back."""
 
     def scan(block: range) -> dict[int, str]:
@@ -211,7 +270,29 @@ def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str
     keep = result.keep()
     if not keep:
         raise UsageError(f"no usable rows in {args.dataset_name} (skipped: {result.counts()})")
-    return ds.select(keep), Counter(result.counts()), result.reused
+    skipped: dict[str, list[int]] = {}
+    for row, reason in sorted(result.skipped.items()):
+        skipped.setdefault(reason, []).append(row)
+    return ds.select(keep).add_column(ROW_ID, keep), skipped, result.reused
+
+
+def count_by_reason(skipped: dict[str, list[int]]) -> dict[str, int]:
+    """{reason: number of rows} (a row skipped in several epochs counts once)."""
+    return {reason: len(set(ids)) for reason, ids in sorted(skipped.items())}
+
+
+def some_row_ids(skipped: dict[str, list[int]]) -> dict[str, list[int]]:
+    """{reason: the first few row ids}."""
+    return {reason: sorted(set(ids))[:SHOWN_ROW_IDS] for reason, ids in sorted(skipped.items())}
+
+
+def skipped_line(counts: dict[str, int], row_ids: dict[str, list[int]], where: str) -> str | None:
+    """One log line: the skipped rows by reason, with a few row ids each."""
+    if not counts:
+        return None
+    parts = [f"{reason} {n} (rows {', '.join(map(str, row_ids.get(reason, [])))}{', …' if n > SHOWN_ROW_IDS else ''})"
+             for reason, n in sorted(counts.items())]
+    return f"[data] skipped {sum(counts.values())} rows {where}: " + "; ".join(parts)
 
 
 def split_rows(ds, args: TrainArguments):
@@ -225,9 +306,11 @@ def split_rows(ds, args: TrainArguments):
     return parts["train"], parts["test"]
 
 
-def prepare_data(args: TrainArguments, processor, emulator_host: str | None, scan_group: ScanGroup | None = None):
+def prepare_data(args: TrainArguments, processor, emulator_host: str | None, scan_group: ScanGroup | None = None,
+                 skip_log: Path | None = None):
     """Everything a worker needs from the data: (train, eval, collator, stats). `scan_group`: the run's
-    workers, to scan once per run (see clean_rows); gs:// images go through the node cache."""
+    workers, to scan once per run (see clean_rows); gs:// images go through the node cache. The collator
+    logs the rows it has to skip to `skip_log`."""
     mapping = column_mapping(args)
     raw, image_base = load_rows(args, emulator_host)
     check_schema(list(raw.column_names), mapping, args.dataset_name)
@@ -237,17 +320,18 @@ def prepare_data(args: TrainArguments, processor, emulator_host: str | None, sca
     # What a row's verdict depends on, the same on every node (no local paths or times).
     key = scan_key(dataset=args.dataset_name, rows=len(raw), columns=raw.column_names, mapping=mapping,
                    prompt=args.prompt_template, system=args.system_message, max_seq_length=args.max_seq_length,
-                   bad_rows=args.bad_rows, vocab=len(processor.tokenizer))
+                   bad_rows=args.bad_rows, vocab=len(processor.tokenizer), rules=SCAN_RULES)
     rows, skipped, reused = clean_rows(rows, encoder, args, image_base, emulator_host, cache, scan_group, key)
     train, evaluation = split_rows(rows, args)
     stats = {
         "rows": len(raw),
         "train_rows": len(train),
         "eval_rows": len(evaluation) if evaluation is not None else 0,
-        "skipped_rows": dict(skipped),
+        "skipped_rows": count_by_reason(skipped),
+        "skipped_row_ids": some_row_ids(skipped),
         "scan_reused": reused,
     }
-    return train, evaluation, Collator(encoder, image_base, emulator_host, cache), stats
+    return train, evaluation, Collator(encoder, image_base, emulator_host, cache, skip_log, train), stats
 
 
 def check_dataset_before_download(args: TrainArguments, emulator_host: str | None) -> None:

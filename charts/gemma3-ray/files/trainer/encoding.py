@@ -36,6 +36,19 @@ class SampleEncoder:
             raise UsageError("the processor has do_pan_and_scan=true, which varies the image tokens; disable it")
         end = "<end_of_turn>"
         self.end_of_turn_id = self.tokenizer.convert_tokens_to_ids(end) if end in self.tokenizer.get_vocab() else None
+        # The processor's image markers: in a row's text they would add image tokens without an image
+        # (the forward pass then fails). Rows that contain them are rejected, not escaped.
+        self.image_markers = sorted({t for t in (self.boi_token, getattr(processor, "eoi_token", None),
+                                                 self.tokenizer.image_token) if t})
+        for name, text in (("prompt_template", args.prompt_template), ("system_message", args.system_message)):
+            if any(m in text for m in self.image_markers):
+                raise UsageError(f"{name} contains an image marker ({', '.join(self.image_markers)}); remove it "
+                                 "(the job places the image itself)")
+
+    def image_marker_in(self, row: dict[str, Any]) -> bool:
+        """Whether a text field of the row contains one of the processor's image markers."""
+        return any(isinstance(row.get(f), str) and any(m in row[f] for m in self.image_markers)
+                   for f in (ANSWER_FIELD, *self.fields))
 
     def messages(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         prompt = self.args.prompt_template.format(**{f: row[f] for f in self.fields})
@@ -72,16 +85,18 @@ class SampleEncoder:
         prompt, answer = self.texts(row)
         return len(self.prompt_ids(prompt)) + len(self.answer_ids(answer)[0])
 
-    def __call__(self, rows: list[dict[str, Any]], images: list[Any]) -> dict[str, Any]:
+    def encode(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+        """(token ids, labels) of one row."""
+        prompt, answer = self.texts(row)
+        p_ids = self.prompt_ids(prompt)
+        a_ids, a_labels = self.answer_ids(answer)
+        return list(p_ids) + a_ids, [LABEL_IGNORE] * len(p_ids) + a_labels
+
+    def batch(self, encoded: list[tuple[list[int], list[int]]], images: list[Any]) -> dict[str, Any]:
+        """Pads encoded rows into one micro-batch with their images' pixels."""
         import torch
 
-        seqs, labels = [], []
-        for row in rows:
-            prompt, answer = self.texts(row)
-            p_ids = self.prompt_ids(prompt)
-            a_ids, a_labels = self.answer_ids(answer)
-            seqs.append(list(p_ids) + a_ids)
-            labels.append([LABEL_IGNORE] * len(p_ids) + a_labels)
+        seqs, labels = [ids for ids, _ in encoded], [lab for _, lab in encoded]
         width = max(len(s) for s in seqs)
         if self.args.use_gpu:  # few distinct shapes: Triton kernels specialise on 16-divisible sizes
             width = -(-width // GPU_PAD_MULTIPLE) * GPU_PAD_MULTIPLE

@@ -5,6 +5,7 @@ metrics.jsonl is appended, one record per log/eval. Imported by the workers only
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ class RunReporter(TrainerCallback):
             # trained again) and rewrites the file once; every later record is appended.
             old = self.storage.read_bytes(METRICS_FILE) or b""
             resumed = self.resumed_from_step or 0
-            self.records = [r for r in map(json.loads, old.decode().splitlines()) if r.get("step", 0) <= resumed]
+            self.records = [r for r in _parse_lines(old.decode()) if r.get("step", 0) <= resumed]
             text = "".join(json.dumps(r) + "\n" for r in self.records)
             self.metrics_copy.write_text(text)
             if old:
@@ -115,6 +116,15 @@ class RunReporter(TrainerCallback):
         if self.rank == 0 and self.tb_dir.is_dir():
             self.storage.upload_dir(self.tb_dir, TENSORBOARD_DIR)
         self._remark()
+
+
+def _parse_lines(text: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl; a line cut short by a crash mid-write is dropped."""
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            out.append(json.loads(line))
+    return out
 
 
 def build_summary(trainer, storage: Storage, stats: dict[str, Any], reporter: RunReporter, result,

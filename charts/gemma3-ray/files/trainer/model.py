@@ -10,7 +10,7 @@ from typing import Any
 
 import startup_timing
 from data import prepare_data
-from flags import TrainArguments, UsageError
+from flags import BatchShape, TrainArguments, UsageError, batch_shape
 
 # The tutorial's fixed hyperparameters (QLoRA paper): not flags.
 MAX_GRAD_NORM = 0.3
@@ -62,7 +62,7 @@ def lora_config(args: TrainArguments):
     )
 
 
-def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool):
+def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool, batch: BatchShape):
     from trl import SFTConfig
 
     eval_kwargs: dict[str, Any] = {"eval_strategy": "no"}
@@ -77,9 +77,9 @@ def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool):
         output_dir=str(local_dir),
         num_train_epochs=args.num_train_epochs,
         max_steps=args.max_steps,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        per_device_eval_batch_size=args.per_device_train_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        per_device_train_batch_size=batch.micro_batch,
+        per_device_eval_batch_size=batch.micro_batch,
+        gradient_accumulation_steps=batch.accumulation,
         learning_rate=args.learning_rate,
         lr_scheduler_type=LR_SCHEDULER,
         max_grad_norm=MAX_GRAD_NORM,
@@ -157,16 +157,18 @@ def token_mean_eval(trainer_cls):
 
 
 def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device, emulator_host: str | None,
-                  callbacks: list | None = None, scan_group=None):
-    """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests). `scan_group`:
-    the run's workers (data.prepare_data)."""
+                  batch: BatchShape | None = None, callbacks: list | None = None, skip_log: Path | None = None,
+                  scan_group=None):
+    """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests, bench): `batch`
+    defaults to the global batch split over num_workers; `scan_group`: the run's workers (data.prepare_data)."""
+    batch = batch or batch_shape(args.global_batch_size, args.num_workers, args.per_device_train_batch_size)
     from transformers import AutoProcessor
     from trl import SFTTrainer
 
     with startup_timing.phase(startup_timing.MODEL):
         processor = AutoProcessor.from_pretrained(str(model_dir))
     with startup_timing.phase(startup_timing.DATA):
-        train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group)
+        train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group, skip_log)
     with startup_timing.phase(startup_timing.MODEL):
         model = load_model(args, model_dir, device)
     model_image_token = getattr(model.config, "image_token_id", None)
@@ -185,7 +187,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
         peft_config = None
     trainer = token_mean_eval(SFTTrainer)(
         model=model,
-        args=sft_config(args, local_dir, evaluation is not None),
+        args=sft_config(args, local_dir, evaluation is not None, batch),
         data_collator=collator,
         train_dataset=train,
         eval_dataset=evaluation,

@@ -167,7 +167,8 @@ def eval_table(records: Sequence[dict[str, Any]]) -> str:
 
 def facts_table(config: dict[str, Any], summary: dict[str, Any]) -> str:
     """The run's facts: model, data, recipe, batch, workers and GPUs, steps, time, throughput, job start."""
-    per_device, accum = config.get("per_device_train_batch_size"), config.get("gradient_accumulation_steps")
+    per_device = summary.get("micro_batch_size", config.get("per_device_train_batch_size"))
+    accum = summary.get("gradient_accumulation_steps", config.get("gradient_accumulation_steps"))
     workers = summary.get("num_workers") or config.get("num_workers")
     gpus = (f"{workers} GPU{'s' if workers != 1 else ''}" + (f" ({config['accelerator_type']})"
             if config.get("accelerator_type") else "")) if config.get("use_gpu") else "CPU only"

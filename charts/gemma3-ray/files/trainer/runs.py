@@ -24,6 +24,9 @@ MERGED_DIR = "merged"
 TENSORBOARD_DIR = "tensorboard"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+# A flag or input problem a worker found (bad_rows=fail, no usable rows): the driver reports it and
+# exits 2, and Ray does not retry a job that would fail the same way.
+USAGE_ERROR_FILE = "usage_error.txt"
 # Ray Train's record of the checkpoints it registered (in CHECKPOINTS_DIR; restored on a restart).
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 TRAINER_STATE_FILE = "trainer_state.json"

@@ -86,23 +86,23 @@ PLAIN_TRL_FLAGS = {
     # fp32 adapters, no loader processes and none of this project's levers
     "use_liger_kernel": "false", "adapter_dtype": "fp32", "dataloader_num_workers": 0,
     "fused_lora": "false", "vision_attention": "sdpa",
-    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 8,
+    "per_device_train_batch_size": 8, "global_batch_size": 64,
 }
 ROUND1_FLAGS = {  # the fast recipe as round 1 left it (before fused LoRA and cuDNN SigLIP attention)
     "fused_lora": "false", "vision_attention": "sdpa",
-    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 8,
+    "per_device_train_batch_size": 8, "global_batch_size": 64,
 }
 RECIPES: dict[str, dict[str, Any]] = {
     "tutorial": TUTORIAL_FLAGS,
     "plain_trl": PLAIN_TRL_FLAGS,
     "round1": ROUND1_FLAGS,
-    "default": {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4},
+    "default": {"per_device_train_batch_size": 16, "global_batch_size": 64},
     # no backward through SigLIP: LoRA on the language model only, vision tower run without gradients
     "freeze_vision": {"freeze_vision": "true", "lora_target": "language-model", "per_device_train_batch_size": 32,
-                      "gradient_accumulation_steps": 2},
+                      "global_batch_size": 64},
     # the vision tower's encoder layers compiled (static shapes)
     "default_compile": {"compile_vision": "true", "per_device_train_batch_size": 16,
-                        "gradient_accumulation_steps": 4},
+                        "global_batch_size": 64},
     # explicit flags only (after --)
     "custom": {},
 }

@@ -45,7 +45,11 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
            "| step s (min–max) |", "|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         f = r.get("flags", {})
-        mb = f"{f.get('per_device_train_batch_size', '?')} × {f.get('gradient_accumulation_steps', '?')}"
+        micro = f.get("per_device_train_batch_size", "?")
+        # results recorded before --global_batch_size name the accumulation; newer ones the global batch
+        accum = f.get("gradient_accumulation_steps") or (
+            int(f["global_batch_size"]) // int(micro) if "global_batch_size" in f and micro != "?" else "?")
+        mb = f"{micro} × {accum}"
         if not r.get("ok"):
             out.append(f"| `{name}` | {mb} | failed: {r.get('error', '?')[:120]} | | | | "
                        f"{fmt(r.get('peak_alloc_gib'), 1)} | |")

@@ -12,7 +12,7 @@ timeout 220 python3 bench/bench.py run --recipe freeze_vision --name freeze_visi
   --warmup 1 --out "$OUT/results.jsonl" >>"$OUT/bench.log" 2>&1 || echo "freeze_vision_3ep failed or timed out"
 # the Ray Train job itself (vision_train.main, loader processes, checkpoint, eval) at the default's global batch
 E2E_ROWS=${E2E_ROWS:-700} E2E_STEPS=${E2E_STEPS:-10} timeout 170 bash bench/e2e_ray.sh 1 \
-  --per_device_train_batch_size=16 --gradient_accumulation_steps=4 >"$OUT/e2e.log" 2>&1 || echo "e2e failed"
+  --per_device_train_batch_size=16 --global_batch_size=64 >"$OUT/e2e.log" 2>&1 || echo "e2e failed"
 m=$(find /tmp/e2e-1 -name metrics.jsonl | head -1); [ -n "$m" ] && cp "$m" "$OUT/e2e-metrics.jsonl"
 s=$(find /tmp/e2e-1 -name summary.json | head -1); [ -n "$s" ] && cp "$s" "$OUT/e2e-summary.json"
 # the fused LoRA layer alone, against round1 (same micro-batch, same batches)

@@ -17,9 +17,9 @@ from typing import Any
 
 from encoding import LABEL_IGNORE, SampleEncoder
 from flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError, column_mapping
-from node_cache import copy_data_files, per_process, read_object
+from node_cache import copy_data_files, node_lock, per_process, read_object
 from scan_store import ScanGroup, scan_key, shared_scan
-from storage import cache_root, filesystem, node_lock
+from storage import cache_root, filesystem
 
 SCAN_BATCH_ROWS = 64
 # The scan's rules, part of the stored scan's key: a scan made under other rules is not reused.
@@ -259,14 +259,20 @@ def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str
             for i in range(len(next(iter(chunk.values())))):
                 row = {k: v[i] for k, v in chunk.items()}
                 problem = row_problem(row, encoder, image_base, emulator_host, args.max_seq_length, cache)
-                if problem is not None and args.bad_rows == "fail":
-                    hint = " (raise --max_seq_length)" if problem == "too_long" else ""
-                    raise UsageError(f"row {start + i}: {problem}{hint}; --bad_rows=skip would skip such rows")
                 if problem is not None:
                     bad[start + i] = problem
+                    if args.bad_rows == "fail":  # this share's first bad row; the group names the first of all
+                        return bad
         return bad
 
+    # Every worker scans its share and gets the merged verdict, so bad_rows=fail stops all of them at
+    # once (a worker that stopped alone would leave the others waiting for its share).
     result = shared_scan(group or ScanGroup(None), key, len(ds), scan)
+    if args.bad_rows == "fail" and result.skipped:
+        row = min(result.skipped)
+        problem = result.skipped[row]
+        hint = " (raise --max_seq_length)" if problem == "too_long" else ""
+        raise UsageError(f"row {row}: {problem}{hint}; --bad_rows=skip would skip such rows")
     keep = result.keep()
     if not keep:
         raise UsageError(f"no usable rows in {args.dataset_name} (skipped: {result.counts()})")

@@ -42,9 +42,9 @@ def _digest(text: str) -> str:
 
 
 @contextlib.contextmanager
-def _stripe_lock(cache: Path, key: str) -> Iterator[None]:
-    """An exclusive lock shared by the processes of this node for one of LOCK_STRIPES keys."""
-    lock = cache / "locks" / f"gcs-{int(_digest(key)[:8], 16) % LOCK_STRIPES:02d}.lock"
+def node_lock(cache: Path, name: str) -> Iterator[None]:
+    """An exclusive lock shared by every process of this node that uses `cache`."""
+    lock = cache / "locks" / f"{_digest(name)[:16]}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -52,6 +52,11 @@ def _stripe_lock(cache: Path, key: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _stripe_lock(cache: Path, key: str) -> contextlib.AbstractContextManager[None]:
+    """The node lock of one of LOCK_STRIPES stripes, chosen by `key`."""
+    return node_lock(cache, f"gcs-stripe-{int(_digest(key)[:8], 16) % LOCK_STRIPES:02d}")
 
 
 def object_path(cache: Path, uri: str) -> Path:

@@ -15,10 +15,11 @@ from flags import ANSWER_FIELD, IMAGE_FIELD
 
 
 def image_loader(collator):
-    """A row's decoded image, read as the collator reads it (local path, gs://, or inline bytes)."""
+    """A row's decoded image, read as the collator reads it (local path, inline bytes, or gs:// through the
+    node cache: an image the scan fetched is not downloaded again)."""
 
     def load(row: dict[str, Any]):
-        data = image_bytes(row[IMAGE_FIELD], collator.image_base, collator.emulator_host)
+        data = image_bytes(row[IMAGE_FIELD], collator.image_base, collator.emulator_host, collator.cache)
         if data is None:
             raise RuntimeError(f"image vanished after the scan: {str(row[IMAGE_FIELD])[:80]}")
         return decode_image(data)

@@ -92,7 +92,8 @@ def choose_checkpoint(config: dict[str, Any], storage: Storage, stack: contextli
         if rank == 0:
             print(f"[resume] checkpoint {uri} does not load ({problem}); trying the next older one", flush=True)
     if rank == 0 and resume.uri:
-        print(f"[resume] resuming from {resume.uri} at step {resume.step}", flush=True)
+        newer = "".join(f"; not from {b['checkpoint']}: it does not load" for b in resume.broken)
+        print(f"[resume] resuming from {resume.uri} at step {resume.step}{newer}", flush=True)
     if resume.broken and resume.uri is None:
         tried = "; ".join(f"{b['checkpoint']}: {b['problem']}" for b in resume.broken)
         raise UsageError(f"no checkpoint of this run loads ({tried}); continue from a good one with "

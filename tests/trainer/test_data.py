@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +16,7 @@ from data import ROW_ID, load_rows, prepare_data
 from encoding import LABEL_IGNORE
 from flags import TrainArguments, UsageError, parse_args
 from PIL import Image
+from scan_store import ScanGroup
 from storage import Storage
 
 from demo.sample_data import build_sample_dataset
@@ -21,6 +25,7 @@ from tests.trainer.messy import BAD_REASONS, write_messy_jsonl
 CPU = ["--use_gpu=false", "--quantization=none"]
 LONG_NAME_WORDS = 400  # a product name far over --max_seq_length below
 MAX_SEQ = 300
+GROUP_TIMEOUT_S = 60
 LOG_SETTLE_S = 0.5  # fake-gcs-server's request log reaches the fixture's reader asynchronously
 
 
@@ -111,6 +116,47 @@ def test_bad_rows_fail_names_the_row(tiny_model, processor, sample_parquet, cach
     args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", f"--max_seq_length={MAX_SEQ}")
     with pytest.raises(UsageError, match=r"row 1: corrupt_image; --bad_rows=skip would skip such rows"):
         prepare_data(args, processor, None)
+
+
+def test_bad_rows_fail_stops_every_worker_of_a_group_naming_the_first_row(tiny_model, processor, sample_parquet,
+                                                                          cache_dir, tmp_path) -> None:
+    """Two workers split the scan (rows 0-5, 6-11); the bad rows lie in rank 1's share only. Both workers
+    stop with the first bad row; rank 0 does not wait for a share rank 1 never delivers."""
+    rows = pq.read_table(sample_parquet).to_pylist()
+    for i in (7, 9):
+        rows[i]["description"] = "   "
+    from datasets import Dataset
+
+    data = tmp_path / "rows.parquet"
+    Dataset.from_list(rows).to_parquet(str(data))
+    args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", "--eval_fraction=0")
+    barrier = threading.Barrier(2, timeout=GROUP_TIMEOUT_S)  # a rank left waiting breaks it: no hang
+    slot: dict[str, Any] = {}
+    raised: list[BaseException | None] = [None, None]
+
+    def broadcast(rank: int, value: Any) -> Any:
+        barrier.wait()
+        if rank == 0:
+            slot["v"] = value
+        barrier.wait()
+        got = slot["v"]
+        barrier.wait()
+        return got
+
+    def worker(rank: int) -> None:
+        group = ScanGroup(Storage(root=str(tmp_path / "run")), rank, 2, barrier.wait, partial(broadcast, rank))
+        try:
+            prepare_data(args, processor, None, scan_group=group)
+        except BaseException as e:  # noqa: BLE001 - what each rank raised is the result
+            raised[rank] = e
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in raised:
+        assert isinstance(e, UsageError) and str(e) == "row 7: empty_answer; --bad_rows=skip would skip such rows", e
 
 
 def test_over_long_row_fails_with_the_fix(tiny_model, processor, sample_parquet, cache_dir, tmp_path) -> None:

@@ -6,6 +6,7 @@ training, naming the row, without Ray retrying it."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,8 @@ def messy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int
 
 def test_messy_rows_train_to_the_end_counted(ray_cluster, tiny_model, cache_dir, messy, tmp_path, capsys) -> None:
     data, where = messy
+    # Its own copy: the image removed mid-run must not be missing for the other tests of this module.
+    data = Path(shutil.copytree(data.parent, tmp_path / "messy")) / data.name
     vanishing = data.parent / "images" / f"{VANISHING_ROW}.png"
     root = tmp_path / "storage"
     flags = [*job_flags(tiny_model, data, cache_dir, str(root), STEPS, run_name="messy"), "--eval_fraction=0"]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from flags import TrainArguments, UsageError, is_checkpoint_path
-from storage import Storage, storage_at
+from storage import Storage, filesystem, storage_at
 
 # A run's directory: Ray Train's checkpoints, the adapter, the merged model, the metrics and summary.
 RUNS_DIR = "runs"
@@ -72,6 +73,50 @@ def checkpoint_step(uri: str) -> int:
     return int(json.loads(raw)["global_step"])
 
 
+def checkpoint_problem(uri: str, emulator_host: str | None) -> str | None:
+    """Why a checkpoint is visibly broken (a file cut short, unreadable JSON), or None. Cheap and without
+    torch: zip directories (torch.save) and safetensors headers only; the workers load it in full."""
+    import pyarrow.fs as pafs
+
+    fs, base = filesystem(uri, emulator_host)
+    files = [i for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)) if i.type == pafs.FileType.File]
+    if TRAINER_STATE_FILE not in {Path(i.path).name for i in files}:
+        return f"no {TRAINER_STATE_FILE}"
+    for info in sorted(files, key=lambda i: i.path):
+        name = Path(info.path).name
+        try:
+            with fs.open_input_file(info.path) as fh:
+                if name.endswith(".json"):
+                    json.loads(fh.read())
+                elif name.endswith((".pt", ".pth", ".bin")) and fh.read(2) == b"PK":
+                    fh.seek(0)
+                    with zipfile.ZipFile(fh) as archive:  # a file cut short has lost its central directory
+                        ends = [m.header_offset + m.compress_size for m in archive.infolist()]
+                    if max(ends, default=0) > info.size:
+                        return f"{name}: {info.size} bytes, shorter than its zip directory says"
+                elif name.endswith(".safetensors"):
+                    header_len = int.from_bytes(fh.read(8), "little")
+                    header = json.loads(fh.read(header_len))
+                    data = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+                    if 8 + header_len + data != info.size:
+                        return f"{name}: {info.size} bytes, its header says {8 + header_len + data}"
+        except (zipfile.BadZipFile, ValueError, KeyError, TypeError, OSError) as e:
+            return f"{name}: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def newest_intact(checkpoints: list[tuple[int, str]], emulator_host: str | None, whose: str) -> tuple[int, str, str]:
+    """(step, URI, note on newer broken ones) of the newest checkpoint that is not visibly broken."""
+    broken: list[str] = []
+    for step, uri in reversed(checkpoints):
+        problem = checkpoint_problem(uri, emulator_host)
+        if problem is None:
+            return step, uri, "".join(f"; {b} does not load" for b in broken)
+        broken.append(f"{uri} ({problem})")
+    raise UsageError(f"no checkpoint of {whose} loads: {'; '.join(broken)}; continue from a good one with "
+                     "--resume_from=<checkpoint path> in a new run")
+
+
 @dataclass
 class RunPlan:
     """What the driver decided about this run before any worker starts."""
@@ -95,23 +140,28 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
         return RunPlan(name, run, None, line, summary)
     own = registered_checkpoints(run)
     if own:
-        step, uri = own[-1]
-        return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its newest "
-                                        f"checkpoint {uri})", None)
+        step, uri, broken = newest_intact(own, run.emulator_host, f"run {name}")
+        newest = "newest intact" if broken else "newest"
+        return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its {newest} "
+                                        f"checkpoint {uri}{broken})", None)
     if args.resume_from:
         if is_checkpoint_path(args.resume_from):
             uri = args.resume_from.rstrip("/")
             if not uri.startswith("gs://"):
                 uri = str(Path(uri).resolve())
             step = checkpoint_step(uri)
+            problem = checkpoint_problem(uri, storage_at(uri).emulator_host)
+            if problem:
+                raise UsageError(f"resume_from: checkpoint {uri} does not load ({problem}); name an intact one")
+            broken = ""
         else:
             other = registered_checkpoints(root.child(f"{RUNS_DIR}/{args.resume_from}"))
             if not other:
                 raise UsageError(f"resume_from={args.resume_from}: no checkpoint of that run under "
                                  f"{root.uri(RUNS_DIR, args.resume_from)}; runs there: {root.list_dir(RUNS_DIR)}")
-            step, uri = other[-1]
+            step, uri, broken = newest_intact(other, root.emulator_host, f"run {args.resume_from}")
         return RunPlan(name, run, uri, f"resuming {name} from step {step} (--resume_from={args.resume_from}: "
-                                       f"checkpoint {uri})", None)
+                                       f"checkpoint {uri}{broken})", None)
     why = "" if named else " (no --run_name given: named from the UTC time)"
     return RunPlan(name, run, None, f"fresh run {name}{why}", None)
 

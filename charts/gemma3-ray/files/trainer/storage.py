@@ -6,16 +6,14 @@ the model and data downloads to one per node.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from flags import TrainArguments, UsageError
+from node_cache import node_lock
 
 # The fake GCS server (tests, demo): `http://host:port`; pyarrow then talks plain HTTP, anonymously.
 STORAGE_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
@@ -125,19 +123,6 @@ def cache_root(args: TrainArguments) -> Path:
     if args.cache_dir:
         return Path(args.cache_dir)
     return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-
-
-@contextlib.contextmanager
-def node_lock(cache: Path, name: str) -> Iterator[None]:
-    """An exclusive lock shared by every process of this node that uses `cache`."""
-    lock = cache / "locks" / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def copy_from_gcs(uri: str, cache: Path, emulator_host: str | None) -> Path:

@@ -49,7 +49,8 @@ CODE_DIR = str(Path(__file__).resolve().parent)
 SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "skipped_in_training",
                 "global_batch_size", "micro_batch_size", "gradient_accumulation_steps", "first_train_loss",
                 "final_train_loss", "first_eval_loss", "final_eval_loss", "final_answer_token_accuracy",
-                "samples_per_second", "tokens_per_second", "resumed_from_step", "newest_checkpoint", "final_adapter",
+                "samples_per_second", "tokens_per_second", "resumed_from_step", "resumed_from", "broken_checkpoints",
+                "newest_checkpoint", "final_adapter",
                 "merged_model", "metrics", "tensorboard", "samples", "report"]
 
 

@@ -22,8 +22,7 @@ pytestmark = pytest.mark.slow
 N_ROWS = 12  # all trained on (no eval split): 3 optimizer steps of 4 samples per epoch
 EPOCHS = 2
 MICRO_BATCH = 1
-ACCUMULATION_ON_2 = 2  # global batch 4 = 2 workers x 1 x 2 = 1 worker x 1 x 4
-GLOBAL_BATCH = 4
+GLOBAL_BATCH = 4  # 2 workers x micro-batch 1 x 2 accumulation = 1 worker x 1 x 4
 SAVE_STEPS = 2
 REMOVE_AFTER_STEP = 3  # the last step of epoch 1; the resize resumes mid-epoch, from the step-2 checkpoint
 RESUMED_AT = REMOVE_AFTER_STEP - REMOVE_AFTER_STEP % SAVE_STEPS

@@ -55,7 +55,7 @@ def test_a_job_runs_with_the_worker_packages_only_on_the_workers(ray_cluster, ti
     data = build_sample_dataset(tmp_path / "data", n_rows=6, seed=0)
     flags = [f"--model_id={tiny_model}", f"--dataset_name={data}", f"--cache_dir={cache_dir}",
              f"--storage_path={tmp_path / 'storage'}", "--run_name=light", "--use_gpu=false", "--quantization=none",
-             "--num_workers=2", "--per_device_train_batch_size=1", "--gradient_accumulation_steps=1",
+             "--num_workers=2", "--per_device_train_batch_size=1", "--global_batch_size=2",
              f"--max_steps={MAX_STEPS}", "--save_strategy=no", "--eval_fraction=0", "--sample_rows=0",
              "--installer=none"]
     proc = subprocess.run(

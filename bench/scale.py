@@ -80,26 +80,24 @@ def main() -> None:
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a throw-away cluster of this process only
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     sys.path[:0] = [str(ROOT), str(TRAINER)]
-    from scale_data import PreloadedGcs, write_tree  # beside this script (bench/ is not a package)
+    from scale_data import FakeGcs, write_dataset  # beside this script (bench/ is not a package)
 
     from demo.tiny_model import build_tiny_gemma3
 
     work = Path(tempfile.mkdtemp(prefix="g3r-scale-", dir="/tmp"))
     try:
-        t0 = time.perf_counter()
-        data_uri = write_tree(work / "gcs", BUCKET, "data", opts.rows)
-        write_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        server = PreloadedGcs(work / "gcs")
-        preload_s = time.perf_counter() - t0
+        server = FakeGcs(work / "gcs")
         try:
+            t0 = time.perf_counter()
+            data_uri = write_dataset(server, BUCKET, "data", opts.rows)
+            write_s = time.perf_counter() - t0
             model = build_tiny_gemma3()
             results = run_starts(opts, server.url, data_uri, model, work)
             images = Counter(server.downloads("data%2Fimages%2F"))
             data_files = Counter(server.downloads("data%2Ftrain.parquet"))
         finally:
             server.stop()
-        report = {"rows": opts.rows, "workers": opts.workers, "write_s": write_s, "server_preload_s": preload_s,
+        report = {"rows": opts.rows, "workers": opts.workers, "write_s": write_s,
                   "starts": results, "image_downloads": sum(images.values()), "distinct_images_downloaded": len(images),
                   "images_downloaded_more_than_once": sum(1 for n in images.values() if n > 1),
                   "data_file_downloads": sum(data_files.values()), "cpus": os.cpu_count(),

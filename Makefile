@@ -59,9 +59,7 @@ apt-packages:  ## Debian packages the tests need (apt-get install only what is m
 	  $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-sync-trainer:  ## copy trainer/ into the chart, and its flags into the chart's `training:` schema
-	rm -rf $(CHART)/files/trainer && mkdir -p $(CHART)/files/trainer
-	cp trainer/*.py trainer/requirements.txt $(CHART)/files/trainer/
+sync-trainer:  ## the trainer's flags into the chart's `training:` schema (trainer/ is the chart's files/trainer)
 	$(PY) scripts/sync_trainer_schema.py
 
 lint: setup  ## ruff

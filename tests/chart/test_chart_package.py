@@ -1,5 +1,5 @@
-"""The chart is self-contained: its trainer copy equals trainer/, and a packaged archive renders
-from a directory with no trainer/ beside it."""
+"""The chart is self-contained: the trainer's code lives in it (trainer/ is a symlink to
+files/trainer, one copy), and a packaged archive renders from a directory with no trainer/ beside it."""
 
 from __future__ import annotations
 
@@ -19,15 +19,11 @@ def trainer_files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".py" or p.name == "requirements.txt"}
 
 
-def test_chart_trainer_copy_equals_trainer() -> None:
-    source = trainer_files(TRAINER)
-    assert "requirements.txt" in source
-    assert trainer_files(CHART_TRAINER) == source, "charts/gemma3-ray/files/trainer differs from trainer/: run `make sync-trainer`"
-    assert sorted(p.name for p in CHART_TRAINER.iterdir()) == sorted(source), "stray files in the chart's trainer copy"
-
-
-def test_chart_requirements_equal_trainer_requirements() -> None:
-    assert (CHART_TRAINER / "requirements.txt").read_bytes() == (TRAINER / "requirements.txt").read_bytes()
+def test_trainer_is_the_charts_trainer() -> None:
+    """One copy of the trainer's code: editing trainer/ edits what the chart ships."""
+    assert TRAINER.is_symlink() and TRAINER.resolve() == CHART_TRAINER.resolve(), (
+        "trainer/ must be a symlink to charts/gemma3-ray/files/trainer (the chart ships those bytes)")
+    assert "requirements.txt" in trainer_files(CHART_TRAINER) and "vision_train.py" in trainer_files(CHART_TRAINER)
 
 
 def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:
@@ -45,6 +41,8 @@ def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:
             names = tar.getnames()
             tar.extractall(unpacked, filter="data")
         assert "gemma3-ray/files/trainer/requirements.txt" in names
+        shipped = sorted(n.removeprefix("gemma3-ray/files/trainer/") for n in names if "/files/trainer/" in n)
+        assert shipped == sorted(trainer_files(CHART_TRAINER)), "only the code and its pins: no docs, no caches"
         assert "gemma3-ray/values.schema.json" in names
         assert not any("/ci/" in n and n.endswith(".tgz") for n in names)
         vendored = unpacked / "gemma3-ray"

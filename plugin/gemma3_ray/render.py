@@ -80,7 +80,7 @@ def owned_values(dep: Deployment) -> list[Value]:
     return out
 
 
-# The trainer's fast recipe (batch 12) peaks at 108 GiB per GPU on Gemma 3 4B, batch 8 at 71 GiB
+# The trainer's fast recipe (micro-batch 16) peaks at 97-109 GiB per GPU on Gemma 3 4B, batch 8 at 71 GiB
 # (bench/RESULTS.md, H200). Smaller GPUs get a smaller batch, or the tutorial's 4-bit recipe.
 FAST_RECIPE_MIN_GB = 140
 FAST_RECIPE_SMALL_BATCH = 6  # 80-96 GB GPUs: headroom under the 71 GiB measured at batch 8

@@ -110,7 +110,7 @@ class TrainArguments:
                                       "split into micro-batches; accumulation is derived.", min=1)
     per_device_train_batch_size: int | None = flag(
         None, "Most samples per worker per forward pass: the micro-batch is the largest divisor of "
-              "global_batch_size / workers up to this (default: from --recipe: fast 12, tutorial 1).", min=1)
+              "global_batch_size / workers up to this (default: from --recipe: fast 16, tutorial 1).", min=1)
     learning_rate: float = flag(2e-4, "Peak learning rate (constant schedule).", above=0)
     logging_steps: int = flag(5, "Log every N optimizer steps (the tutorial: 10).", min=1)
     save_strategy: Literal["steps", "epoch", "no"] = flag("epoch", "When to checkpoint.")

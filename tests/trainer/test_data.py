@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +19,7 @@ from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.messy import BAD_REASONS, write_messy_jsonl
+from tests.trainer.thread_group import ThreadGroup
 
 CPU = ["--use_gpu=false", "--quantization=none"]
 LONG_NAME_WORDS = 400  # a product name far over --max_seq_length below
@@ -130,31 +129,18 @@ def test_bad_rows_fail_stops_every_worker_of_a_group_naming_the_first_row(tiny_m
     data = tmp_path / "rows.parquet"
     Dataset.from_list(rows).to_parquet(str(data))
     args = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", "--eval_fraction=0")
-    barrier = threading.Barrier(2, timeout=GROUP_TIMEOUT_S)  # a rank left waiting breaks it: no hang
-    slot: dict[str, Any] = {}
+    ranks = ThreadGroup(2, timeout=GROUP_TIMEOUT_S)  # a rank left waiting breaks the barrier: no hang
     raised: list[BaseException | None] = [None, None]
 
-    def broadcast(rank: int, value: Any) -> Any:
-        barrier.wait()
-        if rank == 0:
-            slot["v"] = value
-        barrier.wait()
-        got = slot["v"]
-        barrier.wait()
-        return got
-
     def worker(rank: int) -> None:
-        group = ScanGroup(Storage(root=str(tmp_path / "run")), rank, 2, barrier.wait, partial(broadcast, rank))
+        group = ScanGroup(Storage(root=str(tmp_path / "run")), rank, 2, ranks.barrier.wait,
+                          partial(ranks.broadcast, rank))
         try:
             prepare_data(args, processor, None, scan_group=group)
         except BaseException as e:  # noqa: BLE001 - what each rank raised is the result
             raised[rank] = e
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    ranks.run(worker)
     for e in raised:
         assert isinstance(e, UsageError) and str(e) == "row 7: empty_answer; --bad_rows=skip would skip such rows", e
 

@@ -5,12 +5,15 @@ rules, or a torn file, is not reused."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import scan_store
 from storage import Storage
+
+from tests.trainer.thread_group import ThreadGroup
 
 ROWS = 23
 BAD = {3: "corrupt_image", 11: "too_long", 22: "empty_answer"}
@@ -35,28 +38,14 @@ def alone(files, key: str, scan) -> scan_store.ScanResult:
 
 def in_group(files, key: str, scan, world: int) -> list[scan_store.ScanResult]:
     """`world` ranks in threads, with a real barrier and a broadcast from rank 0 (as Ray Train's collectives)."""
-    barrier = threading.Barrier(world)
-    slot: dict[str, Any] = {}
+    ranks = ThreadGroup(world)
     results: list[Any] = [None] * world
 
     def rank_main(rank: int) -> None:
-        def broadcast(value: Any) -> Any:
-            barrier.wait()
-            if rank == 0:
-                slot["v"] = value
-            barrier.wait()
-            got = slot["v"]
-            barrier.wait()
-            return got
-
-        group = scan_store.ScanGroup(files, rank, world, barrier.wait, broadcast)
+        group = scan_store.ScanGroup(files, rank, world, ranks.barrier.wait, partial(ranks.broadcast, rank))
         results[rank] = scan_store.shared_scan(group, key, ROWS, scan)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    ranks.run(rank_main, join_timeout=30)
     return results
 
 

@@ -1,6 +1,7 @@
 """Shape-independent training (issue #13): a global batch (default the tutorial's 64 = 16 workers x 1 x 4),
 a micro-batch from the recipe, accumulation derived from the live world size; the same values on 1 and
-2 workers take the same optimizer steps per epoch with the same learning rates."""
+2 workers take the same optimizer steps per epoch with the same learning rates. The global batch is exact
+on every worker count the run may take, or refused at the start with the nearest valid values (#21)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import dataclasses
 
 import pytest
 import vision_train
-from flags import RECIPES, BatchShape, UsageError, batch_shape, describe_batch, parse_args
+from elastic import BatchShape, BatchSplitError, describe, run_shapes, split_batch
+from flags import RECIPES, UsageError, parse_args
 from model import sft_config
 
 from demo.sample_data import build_sample_dataset
@@ -23,17 +25,60 @@ CPU = ["--use_gpu=false", "--quantization=none"]
 )
 def test_micro_batch_is_the_largest_divisor_of_the_share_up_to_the_cap(world: int, cap: int,
                                                                        shape: tuple[int, int]) -> None:
-    assert batch_shape(64, world, cap) == BatchShape(64, *shape)
+    assert split_batch(64, cap, world) == BatchShape(64, *shape)
+    assert run_shapes(64, cap, world, None) == {world: BatchShape(64, *shape)}
 
 
-def test_a_global_batch_that_does_not_split_is_rounded_down_and_said() -> None:
-    """64 on 12 workers: 5 each (60), said in the worker's log line; never below one sample per worker."""
-    shape = batch_shape(64, 12, 12)
-    assert shape == BatchShape(60, 5, 1)
-    assert describe_batch(shape, 12, 64) == ("[batch] global batch 60 = 12 workers x micro-batch 5 x 1 accumulation "
-                                             "(global_batch_size=64 rounded down to a multiple of 12 workers)")
-    assert batch_shape(8, 16, 4) == BatchShape(16, 1, 1)
-    assert parse_args([*CPU, "--num_workers=12"]).global_batch_size == 64  # the flag itself is kept
+@pytest.mark.parametrize(("global_batch", "workers", "message"), [
+    (64, 3, "global_batch_size=64 does not split exactly over 3 workers (micro-batch x accumulation x workers must "
+            "equal it): use --global_batch_size=63 or --global_batch_size=66, or --num_workers=2 or 4"),
+    (2, 4, "global_batch_size=2 does not split exactly over 4 workers (micro-batch x accumulation x workers must "
+           "equal it): use --global_batch_size=4, or --num_workers=2"),
+    (64, 12, "global_batch_size=64 does not split exactly over 12 workers (micro-batch x accumulation x workers "
+             "must equal it): use --global_batch_size=60 or --global_batch_size=72, or --num_workers=8 or 16"),
+])
+def test_a_global_batch_the_workers_do_not_divide_is_refused_with_the_nearest_values(
+        global_batch: int, workers: int, message: str) -> None:
+    """Before #21 64 on 3 workers trained 63, 2 on 4 trained 4 ("rounded down"), 64 on 12 trained 60."""
+    with pytest.raises(BatchSplitError) as err:
+        run_shapes(global_batch, 16, workers, None)
+    assert str(err.value) == message
+    with pytest.raises(BatchSplitError):
+        split_batch(global_batch, 16, workers)  # what each worker runs at its start: the same check
+
+
+def test_every_elastic_shape_is_checked_at_the_start() -> None:
+    """min_workers=2, num_workers=4: 64 splits on 2 and 4 workers but not on 3 (a 3 <-> 2 resize changed the
+    batch before #21); 48 splits on all three, each shape exact."""
+    with pytest.raises(BatchSplitError, match=r"^global_batch_size=64 does not split exactly over 3 of the worker "
+                                              r"counts 2\.\.4 \(min_workers\.\.num_workers\).*use "
+                                              r"--global_batch_size=60 or --global_batch_size=72$"):
+        run_shapes(64, 16, 4, 2)
+    shapes = run_shapes(48, 16, 4, 2)
+    assert shapes == {2: BatchShape(48, 12, 2), 3: BatchShape(48, 16, 1), 4: BatchShape(48, 12, 1)}
+    for workers, shape in shapes.items():
+        assert shape.micro_batch * shape.accumulation * workers == 48
+
+
+def test_a_micro_batch_below_its_cap_is_exact_and_said() -> None:
+    """68 on 4 workers with cap 16: 17 per worker is prime, so 1 x 17 is the only exact split; it runs, and
+    the line says why and what would run micro-batches of 16 (before #21: 1 x 17 without a word)."""
+    shape = run_shapes(68, 16, 4, None)[4]
+    assert shape == BatchShape(68, 1, 17)
+    assert describe(shape, 4, 16) == (
+        "[batch] global batch 68 = 4 workers x micro-batch 1 x 17 accumulation (micro-batch 1, not 16: 17 samples "
+        "per worker have no divisor between 2 and 16; global_batch_size=64 or 128 would run micro-batches of 16)")
+    assert describe(split_batch(64, 16, 4), 4, 16) == "[batch] global batch 64 = 4 workers x micro-batch 16 x 1 accumulation"
+
+
+def test_the_driver_refuses_before_anything_starts(capsys) -> None:
+    """No Ray, no data: the driver stops at the flags with the one sentence (exit 2)."""
+    with pytest.raises(SystemExit) as stop:
+        vision_train.main([*CPU, "--num_workers=3", "--global_batch_size=64", "--dataset_name=/nonexistent"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: global_batch_size=64 does not split exactly over 3 workers (micro-batch x accumulation x workers "
+        "must equal it): use --global_batch_size=63 or --global_batch_size=66, or --num_workers=2 or 4")
 
 
 def test_accumulation_is_no_flag_any_more() -> None:
@@ -47,7 +92,7 @@ def test_the_recipes_differ_only_in_speed_levers(tmp_path) -> None:
     differing = {f.name for f in dataclasses.fields(fast) if getattr(fast, f.name) != getattr(tutorial, f.name)}
     assert differing == {"recipe"} | {name for name, (a, b, _) in RECIPES.items() if a != b}
     assert fast.global_batch_size == tutorial.global_batch_size == 64
-    configs = [sft_config(a, tmp_path, False, batch_shape(a.global_batch_size, 16, a.per_device_train_batch_size))
+    configs = [sft_config(a, tmp_path, False, split_batch(a.global_batch_size, a.per_device_train_batch_size, 16))
                for a in (parse_args(CPU), parse_args([*CPU, "--recipe=tutorial", "--quantization=none"]))]
     for key in ("learning_rate", "lr_scheduler_type", "max_grad_norm", "num_train_epochs", "weight_decay",
                 "warmup_steps"):

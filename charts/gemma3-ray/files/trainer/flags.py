@@ -104,10 +104,10 @@ class TrainArguments:
     max_seq_length: int = flag(1024, "Longest sample in tokens (image tokens included); longer rows are skipped, "
                                      "never cut (the tutorial: 512, truncating).", min=1)
     num_train_epochs: float = flag(3.0, "Epochs (max_steps wins when > 0).")
-    global_batch_size: int = flag(64, "Samples per optimizer step over all workers, the same on any number of "
-                                      "workers (the tutorial: 16 workers x 1 x 4 = 64). Each worker's share "
-                                      "(global_batch_size / workers, rounded down when it does not divide) is "
-                                      "split into micro-batches; accumulation is derived.", min=1)
+    global_batch_size: int = flag(64, "Samples per optimizer step over all workers, exactly, on every worker count "
+                                      "the run may take (the tutorial: 16 workers x 1 x 4 = 64); a count that does "
+                                      "not divide it is refused at the start. Each worker's share is split into "
+                                      "micro-batches; accumulation is derived.", min=1)
     per_device_train_batch_size: int | None = flag(
         None, "Most samples per worker per forward pass: the micro-batch is the largest divisor of "
               "global_batch_size / workers up to this (default: from --recipe: fast 16, tutorial 1).", min=1)
@@ -197,33 +197,6 @@ RETIRED = {
     "gradient_accumulation_steps": "accumulation is derived: set --global_batch_size (samples per optimizer "
                                    "step over all workers) and --per_device_train_batch_size (the micro-batch cap)",
 }
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """How one optimizer step's samples are split: workers x micro-batch x accumulation = global batch."""
-
-    global_batch: int
-    micro_batch: int
-    accumulation: int
-
-
-def batch_shape(global_batch: int, world_size: int, micro_cap: int) -> BatchShape:
-    """Each worker's share is global_batch / world_size, rounded down when it does not divide (at least 1:
-    64 on 12 workers is 60); the micro-batch is the share's largest divisor up to `micro_cap`, the
-    accumulation the rest."""
-    share = max(1, global_batch // world_size)
-    micro = max(d for d in range(1, min(share, micro_cap) + 1) if share % d == 0)
-    return BatchShape(share * world_size, micro, share // micro)
-
-
-def describe_batch(batch: BatchShape, world_size: int, requested: int) -> str:
-    """One log line: how an optimizer step's samples are split."""
-    line = (f"[batch] global batch {batch.global_batch} = {world_size} workers x micro-batch {batch.micro_batch} "
-            f"x {batch.accumulation} accumulation")
-    if batch.global_batch != requested:
-        line += f" (global_batch_size={requested} rounded down to a multiple of {world_size} workers)"
-    return line
 
 
 # Combinations no flag's own range can catch: (is it wrong?, the fix). Messages format with `a` = the args.

@@ -10,7 +10,8 @@ from typing import Any
 
 import startup_timing
 from data import prepare_data
-from flags import BatchShape, TrainArguments, UsageError, batch_shape
+from elastic import BatchShape, split_batch
+from flags import TrainArguments, UsageError
 
 # The tutorial's fixed hyperparameters (QLoRA paper): not flags.
 MAX_GRAD_NORM = 0.3
@@ -161,7 +162,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
                   scan_group=None):
     """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests, bench): `batch`
     defaults to the global batch split over num_workers; `scan_group`: the run's workers (data.prepare_data)."""
-    batch = batch or batch_shape(args.global_batch_size, args.num_workers, args.per_device_train_batch_size)
+    batch = batch or split_batch(args.global_batch_size, args.per_device_train_batch_size, args.num_workers)
     from transformers import AutoProcessor
     from trl import SFTTrainer
 

@@ -38,7 +38,7 @@ from typing import Any
 import run_report
 import startup_timing
 from data import check_dataset_before_download
-from elastic import ray_num_workers
+from elastic import describe, ray_num_workers, run_shapes
 from flags import UsageError, extra_pip, parse_args
 from runs import CHECKPOINTS_DIR, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run
 from storage import storage_for
@@ -87,8 +87,12 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
     """Run the job; return its summary. `callbacks`: worker.CallbackFactory functions (tests, add-ons)."""
     try:
         args = parse_args(argv)
+        cap = args.per_device_train_batch_size
+        shapes = run_shapes(args.global_batch_size, cap, args.num_workers, args.min_workers)  # every count, now
         plan = plan_run(args, storage_for(args))
         print(plan.log_line, flush=True)
+        for workers, shape in shapes.items():
+            print(describe(shape, workers, cap), flush=True)
         if plan.finished is not None:
             return plan.finished
         storage = plan.storage

@@ -17,7 +17,8 @@ from typing import Any
 import report_hook
 import startup_timing
 from data import count_by_reason, skipped_line, some_row_ids
-from flags import TrainArguments, UsageError, batch_shape, describe_batch
+from elastic import describe, split_batch
+from flags import TrainArguments, UsageError
 from metrics import RunReporter, build_summary, write_summary
 from model import build_trainer
 from resume import choose_checkpoint
@@ -83,8 +84,8 @@ def train(config: dict[str, Any]) -> None:
     with contextlib.ExitStack() as stack:
         try:  # the same on every worker (bad_rows=fail, no usable rows, no loadable checkpoint): no retry
             resume = choose_checkpoint(config, storage, stack, rank)
-            # From the live world size: the same global batch on however many workers run (elastic too).
-            batch = batch_shape(args.global_batch_size, world_size, args.per_device_train_batch_size)
+            # From the live world size: exactly the global batch on however many workers run (elastic too).
+            batch = split_batch(args.global_batch_size, args.per_device_train_batch_size, world_size)
             reporter = RunReporter(storage, rank, batch.global_batch, tb_dir, local_dir, resume.step)
             refresh = report_hook.refresh_callback(ctx, reporter, config["run_name"])
             callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
@@ -98,7 +99,7 @@ def train(config: dict[str, Any]) -> None:
                 storage.write_bytes(USAGE_ERROR_FILE, str(e).encode())
             return
         if rank == 0:
-            print(describe_batch(batch, world_size, args.global_batch_size), flush=True)
+            print(describe(batch, world_size, args.per_device_train_batch_size), flush=True)
             print(f"[data] {json.dumps(stats)}", flush=True)
             line = skipped_line(stats["skipped_rows"], stats["skipped_row_ids"], "in the scan")
             if line:

@@ -155,8 +155,22 @@ def image_bytes(value: Any, image_base: str, emulator_host: str | None, cache: P
         return None
 
 
+def to_rgb(im):
+    """A PIL image as 8-bit RGB. 16-bit grayscale (I;16, I;16B, …; and 32-bit I, taken as 16-bit) keeps each
+    sample's high byte (`v >> 8`), where PIL's own conversion would clip every value over 255 to white;
+    16-bit RGB(A) PNGs PIL already opens by their high bytes."""
+    from PIL import Image
+
+    if not (im.mode == "I" or im.mode.startswith("I;16")):
+        return im.convert("RGB")
+    import numpy as np
+
+    samples = np.clip(np.asarray(im).astype(np.int64), 0, 65535)
+    return Image.fromarray((samples >> 8).astype(np.uint8)).convert("RGB")  # 2-D uint8: mode L
+
+
 def decode_image(data: bytes):
-    """The image fully decoded, as RGB. A decompression bomb (over PIL's pixel limit, which PIL itself only
+    """The image fully decoded, as RGB (`to_rgb`: 16-bit samples scaled to 8 bits). A decompression bomb (over PIL's pixel limit, which PIL itself only
     warns about below twice the limit) raises BadImage("image_too_large"), any decoder error
     BadImage("corrupt_image")."""
     from PIL import Image
@@ -165,7 +179,7 @@ def decode_image(data: bytes):
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
             with Image.open(io.BytesIO(data)) as im:
-                return im.convert("RGB")
+                return to_rgb(im)
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             raise BadImage("image_too_large", str(e)) from e
         except Exception as e:  # noqa: BLE001 - any decoder error makes the row unusable

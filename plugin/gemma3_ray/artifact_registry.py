@@ -15,6 +15,7 @@ Registry repository and a build staging bucket, with grants on those two resourc
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +23,10 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from gemma3_ray import bucket_setup, gke_cluster, iam_policy, names
+from gemma3_ray import bucket_setup, gke_cluster, iam_policy, names, services
 from gemma3_ray.bucket_setup import MANAGED_BY_LABEL
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import NotLoggedIn, UserError, call_google, not_logged_in, translate
+from gemma3_ray.errors import NotLoggedIn, UserError, call_google, not_logged_in
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import Action, Plan
 
@@ -36,7 +37,6 @@ READER = "roles/artifactregistry.reader"
 WRITER = "roles/artifactregistry.writer"
 STAGING_ROLE = "roles/storage.objectAdmin"
 CREATE_TIMEOUT_S = 300
-ENABLE_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -112,20 +112,13 @@ class RegistryPrereqs:
         self.cloud_build_off = False
 
     def _services(self, plan: Plan) -> None:
-        su = self.clients.get_service_usage()
-        off = [s for s in SERVICES if call_google("read the state of", s, lambda s=s: su.get_service(
-            request={"name": f"projects/{self.dep.project}/services/{s}"})).state.name != "ENABLED"]
+        off = services.read(self.clients, self.dep.project, SERVICES).disabled
         self.cloud_build_off = "cloudbuild.googleapis.com" in off
         if not off:
             plan.in_place.append(f"APIs enabled: {', '.join(SERVICES)}")
             return
-
-        def enable() -> None:
-            op = call_google("enable APIs in", f"projects/{self.dep.project}", lambda: su.batch_enable_services(
-                request={"parent": f"projects/{self.dep.project}", "service_ids": off}))
-            op.result(timeout=ENABLE_TIMEOUT_S)
-
-        plan.actions.append(Action(f"enable APIs: {', '.join(off)}", enable))
+        plan.actions.append(Action(f"enable APIs: {', '.join(off)}",
+                                   lambda: services.enable(self.clients, self.dep.project, off)))
 
     def _repository_exists(self) -> bool:
         registry = self.clients.get_artifact_registry()
@@ -141,14 +134,11 @@ class RegistryPrereqs:
         registry = self.clients.get_artifact_registry()
         repo = ar.Repository(format_=ar.Repository.Format.DOCKER, labels=dict([MANAGED_BY_LABEL]),
                              description=f"{names.PRODUCT} training images (created by `{names.PRODUCT} prereqs --image`)")
-        try:
-            op = registry.create_repository(request={"parent": self.reg.path.rsplit("/repositories/", 1)[0],
-                                                     "repository_id": self.reg.repository, "repository": repo})
-            op.result(timeout=CREATE_TIMEOUT_S)
-        except gexc.AlreadyExists:
-            return  # a concurrent run created it
-        except Exception as exc:
-            raise translate(exc, "create", self.reg.path) from exc
+        request = {"parent": self.reg.path.rsplit("/repositories/", 1)[0], "repository_id": self.reg.repository,
+                   "repository": repo}
+        with contextlib.suppress(gexc.AlreadyExists):  # a concurrent run created it
+            call_google("create", self.reg.path, lambda: registry.create_repository(request=request).result(
+                timeout=CREATE_TIMEOUT_S), expect=(gexc.AlreadyExists,))
 
     def _staging_bucket(self) -> Any | None:
         storage = self.clients.get_storage()
@@ -160,23 +150,9 @@ class RegistryPrereqs:
 
     def _create_staging_bucket(self) -> None:
         storage = self.clients.get_storage()
-        bucket = storage.bucket(self.reg.staging_bucket)
-        bucket.iam_configuration.uniform_bucket_level_access_enabled = True
-        bucket.iam_configuration.public_access_prevention = "enforced"
-        bucket.labels = dict([MANAGED_BY_LABEL])
-        try:
-            storage.create_bucket(bucket, location=self.dep.region)
-        except gexc.Conflict:
-            pass  # a concurrent run made it; its settings are checked below all the same
-        except Exception as exc:
-            raise translate(exc, "create", f"gs://{bucket.name}") from exc
-        # Read back: the settings must hold whatever served the create (emulators drop some of them).
-        current = call_google("read", f"gs://{bucket.name}", lambda: storage.get_bucket(bucket.name))
-        if not bucket_setup.hardened(current) or not current.labels:
-            current.iam_configuration.uniform_bucket_level_access_enabled = True
-            current.iam_configuration.public_access_prevention = "enforced"
-            current.labels = {**(current.labels or {}), **dict([MANAGED_BY_LABEL])}
-            call_google("update", f"gs://{bucket.name}", lambda: current.patch())
+        name = self.reg.staging_bucket
+        bucket_setup.create_hardened(storage, name, self.dep.region)  # made meanwhile: its settings are checked all the same
+        bucket_setup.harden(call_google("read", f"gs://{name}", lambda: storage.get_bucket(name)), label=True)
 
     def _grant(self, plan: Plan, access: Callable[[], iam_policy.PolicyAccess], resource: str, role: str,
                member: str, exists: bool) -> None:

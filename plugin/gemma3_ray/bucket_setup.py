@@ -9,7 +9,7 @@ from google.api_core import exceptions as gexc
 
 from gemma3_ray import names
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import BucketOwnedElsewhere, RegionMismatch, translate
+from gemma3_ray.errors import BucketOwnedElsewhere, RegionMismatch, call_google, translate
 from gemma3_ray.gcp_clients import Clients
 
 MANAGED_BY_LABEL = ("managed-by", names.PRODUCT)
@@ -50,20 +50,17 @@ def read(dep: Deployment, clients: Clients, project_number: str | None = None) -
     storage = clients.get_storage()
     name = dep.bucket
     try:
-        bucket = storage.get_bucket(name)
+        bucket = call_google("read", f"gs://{name}", lambda: storage.get_bucket(name), not_found=True,
+                             expect=(gexc.Forbidden,))
     except gexc.NotFound:
         return None
     except gexc.Forbidden as exc:
         # Cloud Storage answers 403 for a bucket of another project and for a missing permission:
         # a bucket listed in this project tells the two apart.
-        try:
-            mine = [b.name for b in storage.list_buckets(prefix=name)]
-        except Exception as exc2:
-            raise translate(exc2, "list buckets in", f"projects/{dep.project}") from exc2
+        mine = call_google("list buckets in", f"projects/{dep.project}",
+                           lambda: [b.name for b in storage.list_buckets(prefix=name)])
         if name not in mine:
             raise owned_elsewhere(dep) from exc
-        raise translate(exc, "read", f"gs://{name}") from exc
-    except Exception as exc:
         raise translate(exc, "read", f"gs://{name}") from exc
     if project_number and bucket.project_number and str(bucket.project_number) != project_number:
         raise owned_elsewhere(dep)
@@ -82,42 +79,45 @@ def hardened(bucket: Any) -> bool:
     return bool(cfg.uniform_bucket_level_access_enabled) and cfg.public_access_prevention == "enforced"
 
 
-def harden(bucket: Any) -> None:
+def _set_hardening(bucket: Any, label: bool) -> None:
     bucket.iam_configuration.uniform_bucket_level_access_enabled = True
     bucket.iam_configuration.public_access_prevention = "enforced"
+    if label:
+        key, value = MANAGED_BY_LABEL
+        bucket.labels = {**(bucket.labels or {}), key: value}
+
+
+def harden(bucket: Any, label: bool = False) -> None:
+    """Enforce uniform bucket-level access and public access prevention (and, with ``label``, the
+    managed-by label) on an existing bucket: one patch, only if something differs."""
+    key, value = MANAGED_BY_LABEL
+    if hardened(bucket) and (not label or (bucket.labels or {}).get(key) == value):
+        return
+    _set_hardening(bucket, label)
+    call_google("update", f"gs://{bucket.name}", bucket.patch)
+
+
+def create_hardened(storage: Any, name: str, location: str) -> bool:
+    """Create bucket ``name`` in ``location``, hardened and labelled managed-by=gemma3-ray; False when
+    it existed already (a 409: a concurrent run's, or another project's: the caller reads it back)."""
+    bucket = storage.bucket(name)
+    _set_hardening(bucket, label=True)
     try:
-        bucket.patch()
-    except Exception as exc:
-        raise translate(exc, "update", f"gs://{bucket.name}") from exc
+        call_google("create", f"gs://{name}", lambda: storage.create_bucket(bucket, location=location),
+                    expect=(gexc.Conflict,))
+    except gexc.Conflict:
+        return False
+    return True
 
 
 def create(dep: Deployment, clients: Clients, project_number: str | None = None) -> None:
-    storage = clients.get_storage()
-    bucket = storage.bucket(dep.bucket)
-    bucket.iam_configuration.uniform_bucket_level_access_enabled = True
-    bucket.iam_configuration.public_access_prevention = "enforced"
-    bucket.labels = dict([MANAGED_BY_LABEL])
-    created = True
-    try:
-        storage.create_bucket(bucket, location=dep.region)
-    except gexc.Conflict:
-        created = False  # created meanwhile: by a concurrent run, or by another project (checked below)
-    except Exception as exc:
-        raise translate(exc, "create", f"gs://{dep.bucket}") from exc
+    """The releases' bucket: created, then read back and hardened whatever served the create (emulators
+    drop some settings); a name taken by another project is an error."""
+    created = create_hardened(clients.get_storage(), dep.bucket, dep.region)
     current = read(dep, clients, project_number)
     if current is None:
         raise owned_elsewhere(dep)
-    # Read back: the settings must hold whatever served the create (emulators drop some of them).
-    key, value = MANAGED_BY_LABEL
-    if created and (current.labels or {}).get(key) != value:
-        current.labels = {**(current.labels or {}), key: value}
-        if hardened(current):
-            try:
-                current.patch()
-            except Exception as exc:
-                raise translate(exc, "update", f"gs://{current.name}") from exc
-    if not hardened(current):
-        harden(current)
+    harden(current, label=created)
 
 
 def describe(dep: Deployment) -> str:

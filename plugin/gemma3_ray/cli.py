@@ -10,12 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gemma3_ray import __version__, kube_context, machine_shapes, names
-from gemma3_ray.deployment import Deployment, Overrides, resolve
+from gemma3_ray import __version__
+from gemma3_ray.deployment import Deployment, from_args
 from gemma3_ray.errors import EXIT_FAILURE, UserError
-from gemma3_ray.gcloud_state import read_gcloud_state
 from gemma3_ray.gcp_clients import Clients
-from gemma3_ray.machine_shapes import Shape
 
 Handler = Callable[[argparse.Namespace, Clients | None], int]
 
@@ -96,60 +94,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     s.add_argument("--replicas", type=int, help="GPU worker nodes (default: 1)")
 
 
-def overrides(args: argparse.Namespace) -> Overrides:
-    return Overrides(
-        project=args.project, region=args.region, zone=args.zone, cluster=args.cluster,
-        namespace=args.namespace, release=args.release, bucket=args.bucket, prefix=args.prefix,
-        gsa_name=args.gsa_name, ksa=args.ksa, hf_secret=args.hf_secret, hf_secret_key=args.hf_secret_key,
-        replicas=args.replicas, reservation=args.reservation,
-    )
-
-
-def _shape(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Shape | None:
-    if args.accelerator:
-        return machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
-    if args.machine_type:
-        return machine_shapes.shape_for_machine_type(args.machine_type)
-    if args.reservation:
-        machine_shapes.check_reservation_lookup(dep.zone, args.reservation)  # before credentials are looked for
-        return machine_shapes.shape_for_reservation(clients.get_reservations(), dep.project, dep.zone, args.reservation)
-    return None
-
-
-def deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
-    """Resolve every setting (names validated first), then the machine shape (may call the Compute API)."""
-    gcloud = read_gcloud_state(configuration=args.configuration)
-    context = None if args.no_kube_context else kube_context.current_context(args.kubeconfig, args.kube_context)
-    gke = kube_context.parse_gke_context(context) if context else None
-    # the shape flags are validated before anything else
-    if args.accelerator or args.gpus_per_node is not None:
-        if not (args.accelerator and args.gpus_per_node is not None):
-            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
-        if args.machine_type:
-            names.machine_type(args.machine_type)
-        machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
-    elif args.machine_type:
-        machine_shapes.shape_for_machine_type(args.machine_type)
-    flags = overrides(args)
-    shape_flags = ("machine_type", "accelerator", "gpus_per_node")
-    given = flags.given() + tuple(f for f in shape_flags if getattr(args, f, None) is not None)
-    if flags.namespace is None and os.environ.get("HELM_NAMESPACE"):  # `helm -n NS gemma3-ray ...`
-        flags.namespace = os.environ["HELM_NAMESPACE"]
-    dep = resolve(flags, gcloud, gke, kube_context=context, given=given)
-    if clients is None:
-        clients = Clients(project=dep.project)
-    shape = _shape(args, dep, clients)
-    if shape is not None:
-        from dataclasses import replace
-
-        dep = replace(dep, shape=shape)
-    return dep, clients
-
-
 def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import render
 
-    dep, clients = deployment(args, clients)
+    dep, clients = from_args(args, clients)
     extra = image_values(dep, clients) if args.image else []
     if args.output:
         path = Path(args.output)

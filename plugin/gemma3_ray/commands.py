@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-from gemma3_ray import names
-from gemma3_ray.deployment import Deployment
+from gemma3_ray import names, poll
+from gemma3_ray.deployment import Deployment, from_args
 from gemma3_ray.errors import EXIT_FAILURE, MissingSetting, NotLoggedIn
 from gemma3_ray.gcp_clients import Clients
 
@@ -27,12 +26,6 @@ def _hf_token(args: argparse.Namespace) -> str | None:
     from gemma3_ray import tokens
 
     return tokens.from_args(args)
-
-
-def _deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
-    from gemma3_ray.cli import deployment
-
-    return deployment(args, clients)
 
 
 def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None,
@@ -81,7 +74,7 @@ def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: s
 
 def cmd_prereqs(args: argparse.Namespace, clients: Clients | None) -> int:
     hf_token = _hf_token(args)
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     _kube_clients(args, clients, needed=hf_token is not None)
     return run_prereqs(dep, clients, dry_run=args.dry_run, hf_token=hf_token, image=args.image)
 
@@ -96,7 +89,7 @@ def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool) -> N
 def cmd_doctor(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import doctor, kube_context
 
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     kube = doctor.Kube(context=kube_context.current_context(args.kubeconfig, args.kube_context))
     if kube.context:
         from gemma3_ray import cluster
@@ -126,7 +119,7 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import release, render
 
     hf_token = _hf_token(args)
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     _kube_clients(args, clients, needed=hf_token is not None)
     if not dep.cluster:
         raise MissingSetting("No cluster: switch to the GKE kube context or pass --cluster.")
@@ -158,22 +151,20 @@ def follow(args: argparse.Namespace, dep: Deployment) -> int:
 
     k8s = cluster.load_config(args.kubeconfig, args.kube_context)
     custom = k8s.CustomObjectsApi()
-    last = None
-    while True:
-        state = cluster.rayjob_state(cluster.find_rayjob(custom, dep.namespace, dep.release))
-        now = (state.deployment_status, state.job_status)
-        if now != last:
-            _out(f"RayJob {state.name}: {state.deployment_status} / {state.job_status} {state.message}".rstrip())
-            last = now
-        if state.job_status in TERMINAL_JOB_STATES or state.deployment_status in TERMINAL_DEPLOYMENT_STATES:
-            return 0 if state.job_status == "SUCCEEDED" else EXIT_FAILURE
-        time.sleep(POLL_INTERVAL_S)
+
+    def ended(s: cluster.RayJobState) -> bool:
+        return s.job_status in TERMINAL_JOB_STATES or s.deployment_status in TERMINAL_DEPLOYMENT_STATES
+
+    state = poll.until(lambda: cluster.rayjob_state(cluster.find_rayjob(custom, dep.namespace, dep.release)), ended,
+                       interval=POLL_INTERVAL_S, timeout=None, out=_out, progress_every=float("inf"),
+                       describe=lambda s: f"RayJob {s.name}: {s.deployment_status} / {s.job_status} {s.message}".rstrip())
+    return 0 if state.job_status == "SUCCEEDED" else EXIT_FAILURE
 
 
 def cmd_status(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import status
 
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     for line in status.lines(args, dep, clients):
         _out(line)
     return 0
@@ -182,7 +173,7 @@ def cmd_status(args: argparse.Namespace, clients: Clients | None) -> int:
 def cmd_logs(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import cluster
 
-    dep, _ = _deployment(args, clients)
+    dep, _ = from_args(args, clients)
     k8s = cluster.load_config(args.kubeconfig, args.kube_context)
     state = cluster.rayjob_state(cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release))
     for chunk in cluster.driver_log(k8s.CoreV1Api(), dep.namespace, state.name, follow=args.follow):
@@ -194,7 +185,7 @@ def cmd_logs(args: argparse.Namespace, clients: Clients | None) -> int:
 def cmd_down(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import down
 
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     return down.run(args, dep, clients, _out)
 
 

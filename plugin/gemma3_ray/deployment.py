@@ -8,11 +8,15 @@ configuration. All names are validated here, before any API call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+import os
+from dataclasses import dataclass, field, replace
 
-from gemma3_ray import names
+from gemma3_ray import kube_context as kube
+from gemma3_ray import machine_shapes, names
 from gemma3_ray.errors import MissingSetting
-from gemma3_ray.gcloud_state import GcloudState
+from gemma3_ray.gcloud_state import GcloudState, read_gcloud_state
+from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.kube_context import GkeCluster
 from gemma3_ray.machine_shapes import Shape
 
@@ -168,3 +172,53 @@ def resolve(
             flags=flags.given() if given is None else given,
         ),
     )
+
+
+# -- from the command line ---------------------------------------------------------------------------
+
+def overrides(args: argparse.Namespace) -> Overrides:
+    return Overrides(
+        project=args.project, region=args.region, zone=args.zone, cluster=args.cluster,
+        namespace=args.namespace, release=args.release, bucket=args.bucket, prefix=args.prefix,
+        gsa_name=args.gsa_name, ksa=args.ksa, hf_secret=args.hf_secret, hf_secret_key=args.hf_secret_key,
+        replicas=args.replicas, reservation=args.reservation,
+    )
+
+
+def _shape(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Shape | None:
+    if args.accelerator:
+        return machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
+    if args.machine_type:
+        return machine_shapes.shape_for_machine_type(args.machine_type)
+    if args.reservation:
+        machine_shapes.check_reservation_lookup(dep.zone, args.reservation)  # before credentials are looked for
+        return machine_shapes.shape_for_reservation(clients.get_reservations(), dep.project, dep.zone, args.reservation)
+    return None
+
+
+def from_args(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
+    """Resolve every setting (names validated first), then the machine shape (may call the Compute API)."""
+    gcloud = read_gcloud_state(configuration=args.configuration)
+    context = None if args.no_kube_context else kube.current_context(args.kubeconfig, args.kube_context)
+    gke = kube.parse_gke_context(context) if context else None
+    # the shape flags are validated before anything else
+    if args.accelerator or args.gpus_per_node is not None:
+        if not (args.accelerator and args.gpus_per_node is not None):
+            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
+        if args.machine_type:
+            names.machine_type(args.machine_type)
+        machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
+    elif args.machine_type:
+        machine_shapes.shape_for_machine_type(args.machine_type)
+    flags = overrides(args)
+    shape_flags = ("machine_type", "accelerator", "gpus_per_node")
+    given = flags.given() + tuple(f for f in shape_flags if getattr(args, f, None) is not None)
+    if flags.namespace is None and os.environ.get("HELM_NAMESPACE"):  # `helm -n NS gemma3-ray ...`
+        flags.namespace = os.environ["HELM_NAMESPACE"]
+    dep = resolve(flags, gcloud, gke, kube_context=context, given=given)
+    if clients is None:
+        clients = Clients(project=dep.project)
+    shape = _shape(args, dep, clients)
+    if shape is not None:
+        dep = replace(dep, shape=shape)
+    return dep, clients

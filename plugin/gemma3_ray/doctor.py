@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gemma3_ray import bucket_setup, cluster, kuberay_crd, names, prereqs
+from gemma3_ray import bucket_setup, cluster, doctor_gke, kuberay_crd, names, prereqs
+from gemma3_ray.checks import Check, guard
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import UserError, translate
+from gemma3_ray.errors import UserError, call_google
 from gemma3_ray.gcp_clients import Clients
 
 WI_ANNOTATION = "iam.gke.io/gcp-service-account"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str  # what was found, or how to fix it
-
-    def line(self) -> str:
-        return f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
 
 
 @dataclass
@@ -33,20 +23,13 @@ class Kube:
     context: str | None = None
 
 
-def _guard(name: str, fn: Callable[[], Check]) -> Check:
-    try:
-        return fn()
-    except UserError as exc:
-        return Check(name, False, str(exc))
-
-
 def check_auth(dep: Deployment, clients: Clients) -> Check:
     def run() -> Check:
         clients.credentials()
         who = dep.account or "application default credentials"
         return Check("gcloud auth", True, f"credentials found ({who})")
 
-    return _guard("gcloud auth", run)
+    return guard("gcloud auth", run)
 
 
 def check_context(dep: Deployment, kube: Kube) -> Check:
@@ -133,7 +116,7 @@ def check_bucket(dep: Deployment, clients: Clients) -> Check:
             return Check("bucket", False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
         return Check("bucket", True, f"gs://{dep.bucket} in {bucket.location}, cluster in {dep.region}")
 
-    return _guard("bucket", run)
+    return guard("bucket", run)
 
 
 def check_bucket_grants(dep: Deployment, clients: Clients) -> Check:
@@ -146,10 +129,7 @@ def check_bucket_grants(dep: Deployment, clients: Clients) -> Check:
         if bucket_setup.read(dep, clients) is None:
             return Check(name, False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
         access = iam_policy.bucket_policy(clients.get_storage().bucket(dep.bucket))
-        try:
-            policy = access.read()
-        except Exception as exc:
-            raise translate(exc, "read the IAM policy of", f"gs://{dep.bucket}") from exc
+        policy = call_google("read the IAM policy of", f"gs://{dep.bucket}", access.read)
         wanted = grants.for_release(dep.bucket, dep.prefix, dep.namespace, dep.release, dep.gsa_member)
         missing = [g.role for g in wanted if not grants.has(policy, g)]
         if missing:
@@ -157,7 +137,7 @@ def check_bucket_grants(dep: Deployment, clients: Clients) -> Check:
                          f"run `gemma3-ray prereqs -n {dep.namespace} --release {dep.release}`")
         return Check(name, True, f"{dep.gsa_email} may use gs://{dep.bucket}/{dep.prefix}/ only")
 
-    return _guard(name, run)
+    return guard(name, run)
 
 
 def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> list[Check]:
@@ -170,16 +150,13 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
             return Check("Workload Identity binding", False, f"{dep.gsa_email} does not exist: run `gemma3-ray "
                          f"prereqs -n {dep.namespace} --release {dep.release}`")
         access = iam_policy.service_account_policy(clients.get_iam(), dep.gsa_resource)
-        try:
-            policy = access.read()
-        except Exception as exc:
-            raise translate(exc, "read the IAM policy of", dep.gsa_email) from exc
+        policy = call_google("read the IAM policy of", dep.gsa_email, access.read)
         if access.has(policy, prereqs.WORKLOAD_IDENTITY_ROLE, dep.wi_member):
             return Check("Workload Identity binding", True, f"{dep.wi_member} may act as {dep.gsa_email}")
         return Check("Workload Identity binding", False, f"{dep.wi_member} lacks {prereqs.WORKLOAD_IDENTITY_ROLE} on "
                      f"{dep.gsa_email}: run `gemma3-ray prereqs -n {dep.namespace} --ksa {dep.ksa}`")
 
-    out.append(_guard("Workload Identity binding", binding))
+    out.append(guard("Workload Identity binding", binding))
     if kube.core is None:
         out.append(Check("KSA annotation", False, "no cluster connection"))
         return out
@@ -204,8 +181,6 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
 
 
 def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
-    from gemma3_ray import doctor_gke
-
     names.project_id(dep.project)
     return [
         check_auth(dep, clients),

@@ -4,27 +4,18 @@ GPU driver its nodes get satisfies the pinned torch (a warning, with the fix).""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.cloud import container_v1 as gke
 
 from gemma3_ray import gke_cluster, gpu_driver
+from gemma3_ray.checks import Check, Warn
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.doctor import Check
 from gemma3_ray.errors import UserError, call_google
 from gemma3_ray.gcp_clients import Clients
 
 DriverVersion = gke.GPUDriverInstallationConfig.GPUDriverVersion
 CHART_DRIVER_DEFAULT = "latest"  # the chart's workers.gpuDriverVersion default
-
-
-@dataclass(frozen=True)
-class Warn(Check):
-    """Passes (does not fail doctor) but is shown as a warning."""
-
-    def line(self) -> str:
-        return f"[warn] {self.name}: {self.detail}"
 
 
 def _driver_check(name: str, gke_version: str, accelerator: str, label: str,

@@ -122,13 +122,8 @@ def permission_denied(permission: str, resource: str) -> PermissionDenied:
 
 
 def _reason_and_metadata(exc: gexc.GoogleAPICallError) -> tuple[str, dict[str, str]]:
-    """The google.rpc.ErrorInfo reason and metadata, when the error carries one."""
-    for detail in getattr(exc, "details", None) or []:
-        reason = getattr(detail, "reason", None)
-        if reason:
-            return str(reason), dict(getattr(detail, "metadata", {}) or {})
-    reason = getattr(exc, "reason", None)
-    return (str(reason) if reason else ""), {}
+    """The google.rpc.ErrorInfo reason and metadata the error carries (google.api_core reads them)."""
+    return str(exc.reason or ""), dict(exc.metadata or {})
 
 
 def translate(exc: Exception, action: str, resource: str) -> UserError:
@@ -209,15 +204,26 @@ def api_disabled(service: str, project: str = "") -> ApiDisabled:
 SERVICE_USAGE = "serviceusage.googleapis.com"  # prereqs enables the others through it, never itself
 
 
-def call_google(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False) -> Any:
-    """``fn()``, its Google errors as one sentence; with ``not_found``, a 404 is raised as is (the caller's answer)."""
+def call_google(action: str, resource: str, fn: Callable[[], Any], *, not_found: bool = False,
+                expect: tuple[type[Exception], ...] = (),
+                explain: Callable[[Exception], UserError | None] | None = None) -> Any:
+    """``fn()``, its Google errors as one sentence (the one wrapper every Google call goes through).
+
+    Errors of the types in ``expect`` (and, with ``not_found``, a 404) are raised as they are: they are
+    the caller's answer (exists already, gone meanwhile). ``explain`` may give a caller's own sentence
+    for an error (None: the general translation).
+    """
+    passthrough = (*expect, *((gexc.NotFound,) if not_found else ()))
     try:
         return fn()
     except UserError:
         raise
-    except gexc.NotFound:
-        if not_found:
-            raise
-        raise translate(gexc.NotFound(resource), action, resource) from None
+    except passthrough:
+        raise
     except Exception as exc:
+        mine = explain(exc) if explain else None
+        if mine is not None:
+            raise mine from exc
+        if isinstance(exc, gexc.NotFound):
+            raise translate(gexc.NotFound(resource), action, resource) from None
         raise translate(exc, action, resource) from exc

@@ -22,9 +22,9 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import container_v1 as gke
 
-from gemma3_ray import names
+from gemma3_ray import names, poll
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import ClusterError, InvalidName, MissingSetting, UserError, translate
+from gemma3_ray.errors import ClusterError, InvalidName, MissingSetting, UserError, call_google
 from gemma3_ray.prereqs import Action, Plan
 
 DEFAULT_CLUSTER = names.PRODUCT
@@ -37,7 +37,6 @@ CPU_POOL = "cpu-pool"
 RELEASE_CHANNEL = gke.ReleaseChannel.Channel.REGULAR  # create-auto's default channel
 POLL_INTERVAL_S = 10.0
 OPERATION_TIMEOUT_S = 3600.0
-PROGRESS_EVERY_S = 60.0  # a progress line at least this often while an operation runs
 
 PERMISSIONS = {
     "create": ("container.clusters.get", "container.clusters.create", "container.clusters.update",
@@ -200,50 +199,38 @@ def gaps(cluster: gke.Cluster, spec: ClusterSpec) -> list[str]:
 
 # -- reads and long-running operations ---------------------------------------------------------------
 
-def _error(exc: Exception, action: str, resource: str) -> UserError:
+def _busy(exc: Exception) -> UserError | None:
+    """The Container API's 400 FAILED_PRECONDITION: another operation holds the cluster."""
     if isinstance(exc, gexc.FailedPrecondition):
-        return ClusterError(f"Could not {action} {resource}: another operation is running on it ({exc.message}); "
+        return ClusterError(f"Could not change the cluster: another operation is running on it ({exc.message}); "
                             "wait for it (`gemma3-ray cluster status`) and run this again.")
-    return translate(exc, action, resource)
+    return None
 
 
-def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except UserError:
-        raise
-    except Exception as exc:
-        raise _error(exc, action, resource) from exc
+def _call(action: str, resource: str, fn: Callable[[], Any], **kw: Any) -> Any:
+    return call_google(action, resource, fn, explain=_busy, **kw)
 
 
 def get(container: Any, spec: ClusterSpec) -> gke.Cluster | None:
     try:
-        return _call("read", spec.path, lambda: container.get_cluster(request={"name": spec.path}))
-    except UserError as exc:
-        if isinstance(exc.__cause__, gexc.NotFound):
-            return None
-        raise
+        return _call("read", spec.path, lambda: container.get_cluster(request={"name": spec.path}), not_found=True)
+    except gexc.NotFound:
+        return None
 
 
 def wait(container: Any, spec: ClusterSpec, op: gke.Operation, what: str, out: Callable[[str], None]) -> gke.Operation:
     """Poll a Container API operation until DONE, printing each state change and a line every minute."""
     name = f"{spec.parent}/operations/{op.name}"
-    start = time.monotonic()
-    last_state, last_line = None, start
-    while True:
-        now = time.monotonic()
-        state = gke.Operation.Status(op.status)
-        if state != last_state or now - last_line >= PROGRESS_EVERY_S:
-            stage = next((s.name for s in op.progress.stages if s.status == gke.Operation.Status.RUNNING), "")
-            out(f"      {what}: {state.name}{f' ({stage})' if stage else ''} [{now - start:.0f} s]")
-            last_state, last_line = state, now
-        if state == gke.Operation.Status.DONE:
-            break
-        if now - start > OPERATION_TIMEOUT_S:
-            raise ClusterError(f"{what} is still running after {OPERATION_TIMEOUT_S:.0f} s (operation {op.name}); "
-                               "nothing was rolled back: follow it with `gemma3-ray cluster status`.")
-        time.sleep(POLL_INTERVAL_S)
-        op = _call("follow operation", name, lambda: container.get_operation(request={"name": name}))
+
+    def describe(o: gke.Operation) -> str:
+        stage = next((s.name for s in o.progress.stages if s.status == gke.Operation.Status.RUNNING), "")
+        return f"      {what}: {gke.Operation.Status(o.status).name}{f' ({stage})' if stage else ''}"
+
+    op = poll.until(lambda: _call("follow operation", name, lambda: container.get_operation(request={"name": name})),
+                    lambda o: o.status == gke.Operation.Status.DONE, first=op, interval=POLL_INTERVAL_S,
+                    timeout=OPERATION_TIMEOUT_S, describe=describe, out=out, on_timeout=lambda _: ClusterError(
+                        f"{what} is still running after {OPERATION_TIMEOUT_S:.0f} s (operation {op.name}); "
+                        "nothing was rolled back: follow it with `gemma3-ray cluster status`."))
     if op.error.code or op.error.message:
         raise ClusterError(f"{what} failed: {op.error.message or op.status_message} (operation {op.name}); "
                            "see `gemma3-ray cluster status`.")
@@ -252,25 +239,23 @@ def wait(container: Any, spec: ClusterSpec, op: gke.Operation, what: str, out: C
 
 def wait_ready(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> gke.Cluster:
     """Poll the cluster until it is RUNNING (an operation someone else started), with progress."""
-    start = time.monotonic()
-    last = None
-    while True:
+
+    def read() -> gke.Cluster:
         cluster = get(container, spec)
         if cluster is None:
             raise ClusterError(f"Cluster {spec.name} disappeared while waiting for it (deleted meanwhile?): run this again.")
         state = gke.Cluster.Status(cluster.status)
-        if state != last:
-            out(f"      cluster {spec.name}: {state.name} [{time.monotonic() - start:.0f} s]")
-            last = state
-        if state == gke.Cluster.Status.RUNNING:
-            return cluster
         if state in _BAD_STATES:
             raise ClusterError(f"Cluster {spec.name} is {state.name}: {cluster.status_message or 'see the console'}; "
                                "fix or delete it (`gemma3-ray cluster delete`).")
-        if time.monotonic() - start > OPERATION_TIMEOUT_S:
-            raise ClusterError(f"Cluster {spec.name} is still {state.name} after {OPERATION_TIMEOUT_S:.0f} s: follow it "
-                               "with `gemma3-ray cluster status`.")
-        time.sleep(POLL_INTERVAL_S)
+        return cluster
+
+    return poll.until(read, lambda c: c.status == gke.Cluster.Status.RUNNING, interval=POLL_INTERVAL_S,
+                      timeout=OPERATION_TIMEOUT_S, out=out, progress_every=float("inf"),
+                      describe=lambda c: f"      cluster {spec.name}: {gke.Cluster.Status(c.status).name}",
+                      on_timeout=lambda _: ClusterError(f"Cluster {spec.name} is still not RUNNING after "
+                                                        f"{OPERATION_TIMEOUT_S:.0f} s: follow it with "
+                                                        "`gemma3-ray cluster status`."))
 
 
 # -- the plan ------------------------------------------------------------------------------------------
@@ -322,14 +307,13 @@ def plan_create(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -
 
 def _create(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
     try:
-        op = container.create_cluster(request={"parent": spec.parent, "cluster": desired_cluster(spec)})
+        op = _call("create", spec.path, lambda: container.create_cluster(
+            request={"parent": spec.parent, "cluster": desired_cluster(spec)}), expect=(gexc.AlreadyExists,))
     except gexc.AlreadyExists:
         out(f"      cluster {spec.name} was created meanwhile (another run); checking it instead")
         for action in plan_create(container, spec, out).actions:
             action.run()
         return
-    except Exception as exc:
-        raise translate(exc, "create", spec.path) from exc
     wait(container, spec, op, f"create cluster {spec.name}", out)
 
 
@@ -341,32 +325,27 @@ def _update(container: Any, spec: ClusterSpec, out: Callable[[str], None], what:
 
 def _add_pool(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
     try:
-        op = container.create_node_pool(request={"parent": spec.path, "node_pool": gpu_node_pool(spec)})
+        op = _call("add a node pool to", spec.path, lambda: container.create_node_pool(
+            request={"parent": spec.path, "node_pool": gpu_node_pool(spec)}), expect=(gexc.AlreadyExists,))
     except gexc.AlreadyExists:
         return  # a concurrent run added it
-    except Exception as exc:
-        raise _error(exc, "add a node pool to", spec.path) from exc
     wait(container, spec, op, f"create node pool {GPU_POOL}", out)
 
 
 def wait_gone(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
     """Poll a cluster someone else is deleting (STOPPING) until it is gone."""
     start = time.monotonic()
-    while get(container, spec) is not None:
-        if time.monotonic() - start > OPERATION_TIMEOUT_S:
-            raise ClusterError(f"Cluster {spec.name} is still being deleted after {OPERATION_TIMEOUT_S:.0f} s: follow it "
-                               "with `gemma3-ray cluster status`.")
-        time.sleep(POLL_INTERVAL_S)
+    poll.until(lambda: get(container, spec), lambda c: c is None, interval=POLL_INTERVAL_S, timeout=OPERATION_TIMEOUT_S,
+               on_timeout=lambda _: ClusterError(f"Cluster {spec.name} is still being deleted after "
+                                                 f"{OPERATION_TIMEOUT_S:.0f} s: follow it with `gemma3-ray cluster status`."))
     out(f"      cluster {spec.name}: gone [{time.monotonic() - start:.0f} s]")
 
 
 def delete(container: Any, spec: ClusterSpec, out: Callable[[str], None]) -> None:
     try:
-        op = _call("delete", spec.path, lambda: container.delete_cluster(request={"name": spec.path}))
-    except UserError as exc:
-        if isinstance(exc.__cause__, gexc.NotFound):
-            return  # deleted meanwhile
-        raise
+        op = _call("delete", spec.path, lambda: container.delete_cluster(request={"name": spec.path}), not_found=True)
+    except gexc.NotFound:
+        return  # deleted meanwhile
     wait(container, spec, op, f"delete cluster {spec.name}", out)
 
 

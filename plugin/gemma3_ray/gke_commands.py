@@ -6,13 +6,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from gemma3_ray import gke_cluster, iam_preflight
-from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError, translate
+from gemma3_ray import gke_cluster, iam_preflight, services
+from gemma3_ray.deployment import from_args
+from gemma3_ray.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import Action, Plan
-
-ENABLE_TIMEOUT_S = 300
 
 Out = Callable[[str], None]
 
@@ -27,12 +25,6 @@ def _out(line: str) -> None:
     print(line, flush=True)
 
 
-def _deployment(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
-    from gemma3_ray.cli import deployment
-
-    return deployment(args, clients)
-
-
 def _container(clients: Clients, apply: bool) -> object | None:
     """The Container API client, or None for an offline dry run (no credentials)."""
     try:
@@ -44,7 +36,7 @@ def _container(clients: Clients, apply: bool) -> object | None:
 
 
 def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     spec = gke_cluster.spec_from(dep, standard=args.standard, cpu_machine_type=args.cpu_machine_type,
                                  node_service_account=args.node_service_account)
     out(f"GKE cluster for project {spec.project}, region {spec.region}:")
@@ -81,21 +73,11 @@ def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
 
 def _container_api(clients: Clients, spec: gke_cluster.ClusterSpec, container: object, out: Out) -> Plan | None:
     """In a project whose Container API is off (a new one): enable it, then create (None: it is on)."""
-    su = clients.get_service_usage()
-    name = f"projects/{spec.project}/services/{gke_cluster.SERVICE}"
-    try:
-        state = su.get_service(request={"name": name}).state.name
-    except Exception as exc:
-        raise translate(exc, "read the state of", name) from exc
-    if state == "ENABLED":
+    if not services.read(clients, spec.project, [gke_cluster.SERVICE]).disabled:
         return None
 
     def enable() -> None:
-        try:
-            su.batch_enable_services(request={"parent": f"projects/{spec.project}",
-                                              "service_ids": [gke_cluster.SERVICE]}).result(timeout=ENABLE_TIMEOUT_S)
-        except Exception as exc:
-            raise translate(exc, "enable the Container API in", f"projects/{spec.project}") from exc
+        services.enable(clients, spec.project, [gke_cluster.SERVICE])
 
     plan = Plan()
     plan.actions.append(Action(f"enable API {gke_cluster.SERVICE} (the cluster's state is unknown until it is on)", enable))
@@ -113,7 +95,7 @@ def _confirm(name: str) -> bool:
 
 
 def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     spec = gke_cluster.spec_from(dep, standard=False)
     container = clients.get_container()
     pre = iam_preflight.check(clients, spec.project, gke_cluster.PERMISSIONS["delete"])
@@ -147,7 +129,7 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
 
 
 def cmd_status(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     spec = gke_cluster.spec_from(dep, standard=False)
     cluster = gke_cluster.get(clients.get_container(), spec)
     if cluster is None:
@@ -162,7 +144,7 @@ def cmd_status(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
 def cmd_image_build(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
     from gemma3_ray import image_build
 
-    dep, clients = _deployment(args, clients)
+    dep, clients = from_args(args, clients)
     return image_build.run(args, dep, clients, out)
 
 

@@ -9,26 +9,22 @@ drop each other's bindings.
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from google.api_core import exceptions as gexc
+from google.api_core.exceptions import RetryError
+from google.api_core.retry import Retry
 
-MAX_ATTEMPTS = 12
 BACKOFF_BASE_S = 0.05
-BACKOFF_MAX_S = 8.0  # a new service account can take tens of seconds to reach IAM
+BACKOFF_MAX_S = 8.0
+RETRY_TIMEOUT_S = 120.0  # a new service account can take tens of seconds to reach IAM
 # A Google service account created a moment ago may not be visible to IAM yet: setIamPolicy then
 # answers 400 "... does not exist". It appears within seconds (eventual consistency).
 _NEW_MEMBER_HINTS = ("does not exist", "not found")
 # ... except this one: a project none of whose clusters has Workload Identity has no pool at all.
 _PERMANENT_HINT = "identity pool does not exist"
-
-
-class Conflicted(Exception):
-    """Raised internally when a write lost the race; the caller re-reads and retries."""
 
 
 @dataclass(frozen=True)
@@ -57,25 +53,26 @@ def _retryable(exc: Exception, just_created: bool) -> bool:
 
 
 def update(read: Callable[[], Any], write: Callable[[Any], Any], edit: Callable[[Any], bool], *,
-           just_created: bool = False, sleep: Callable[[float], None] = time.sleep) -> bool:
+           just_created: bool = False) -> bool:
     """Read-modify-write one policy: ``edit`` changes it in place and says whether it did; the whole
-    cycle is retried on a stale etag (and, for a resource ``just_created``, on IAM's early 404)."""
-    for attempt in range(MAX_ATTEMPTS):
-        try:
-            policy = read()
-            if not edit(policy):
-                return False
-            write(policy)
-            return True
-        except Exception as exc:
-            if not _retryable(exc, just_created) or attempt == MAX_ATTEMPTS - 1:
-                raise
-        sleep(min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt) * (0.5 + random.random()))  # noqa: S311
-    raise AssertionError("unreachable")
+    cycle is retried (google.api_core's Retry: jittered exponential backoff) on a stale etag and, for a
+    resource ``just_created``, on IAM's early 404."""
+    def cycle() -> bool:
+        policy = read()
+        if not edit(policy):
+            return False
+        write(policy)
+        return True
+
+    retry = Retry(predicate=lambda exc: _retryable(exc, just_created), initial=BACKOFF_BASE_S, maximum=BACKOFF_MAX_S,
+                  multiplier=2.0, timeout=RETRY_TIMEOUT_S)
+    try:
+        return bool(retry(cycle)())
+    except RetryError as exc:
+        raise exc.cause or exc from None
 
 
-def change_binding(access: PolicyAccess, role: str, member: str, *, present: bool, just_created: bool = False,
-                   sleep: Callable[[float], None] = time.sleep) -> bool:
+def change_binding(access: PolicyAccess, role: str, member: str, *, present: bool, just_created: bool = False) -> bool:
     """Make the unconditional (role, member) binding present or absent; True if the policy was written."""
     def edit(policy: Any) -> bool:
         if access.has(policy, role, member) == present:
@@ -83,7 +80,7 @@ def change_binding(access: PolicyAccess, role: str, member: str, *, present: boo
         (access.add if present else access.remove)(policy, role, member)
         return True
 
-    return update(access.read, access.write, edit, just_created=just_created, sleep=sleep)
+    return update(access.read, access.write, edit, just_created=just_created)
 
 
 # --- google.iam.v1 Policy protos (IAM Admin API: service accounts) ---------------------------------

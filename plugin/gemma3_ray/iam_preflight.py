@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gemma3_ray.errors import ROLE_FOR_PERMISSION, ApiDisabled, PermissionDenied, UserError, translate
+from gemma3_ray.errors import ROLE_FOR_PERMISSION, ApiDisabled, PermissionDenied, call_google
 from gemma3_ray.gcp_clients import Clients
 
 
@@ -44,14 +44,10 @@ def check(clients: Clients, project: str, permissions: Iterable[str]) -> Preflig
     """Which of ``permissions`` the caller lacks on ``projects/PROJECT`` (one testIamPermissions call)."""
     needed = tuple(dict.fromkeys(permissions))
     resource = f"projects/{project}"
+    rm = clients.get_resource_manager()
     try:
-        rm = clients.get_resource_manager()
-        granted = set(rm.test_iam_permissions(request={"resource": resource, "permissions": list(needed)}).permissions)
-    except UserError:
-        raise
-    except Exception as exc:
-        err = translate(exc, "test your permissions on", resource)
-        if isinstance(err, ApiDisabled):  # a new project may not have the Resource Manager API on yet
-            return Preflight(needed, (), unchecked=str(err).split(":", 1)[0])
-        raise err from exc
+        granted = set(call_google("test your permissions on", resource, lambda: rm.test_iam_permissions(
+            request={"resource": resource, "permissions": list(needed)})).permissions)
+    except ApiDisabled as err:  # a new project may not have the Resource Manager API on yet
+        return Preflight(needed, (), unchecked=str(err).split(":", 1)[0])
     return Preflight(needed, tuple(p for p in needed if p not in granted))

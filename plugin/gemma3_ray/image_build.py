@@ -16,7 +16,6 @@ import json
 import re
 import shlex
 import tarfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from gemma3_ray import iam_preflight, names
+from gemma3_ray import iam_preflight, names, poll
 from gemma3_ray.artifact_registry import Registry, registry_of
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, call_google
@@ -40,7 +39,6 @@ BUILDER = "gcr.io/cloud-builders/docker"
 BUILD_TIMEOUT_S = 3600
 BUILD_DISK_GB = 200  # the Ray GPU base image and torch's CUDA wheels need room to unpack
 POLL_INTERVAL_S = 10.0
-PROGRESS_EVERY_S = 60.0
 LOG_TAIL_LINES = 20
 TAG_DIGITS = 12
 PERMISSIONS = ("cloudbuild.builds.create", "cloudbuild.builds.get", "storage.objects.create",
@@ -199,21 +197,14 @@ def follow(clients: Clients, reg: Registry, build: Any, out: Out) -> Any:
 
     cbc = clients.get_cloud_build()
     name = f"projects/{reg.project}/locations/{reg.region}/builds/{build.id}"
-    start = time.monotonic()
-    last_state, last_line = None, start
+    request = {"name": name, "project_id": reg.project, "id": build.id}
     done = {cb.Build.Status.SUCCESS, cb.Build.Status.FAILURE, cb.Build.Status.INTERNAL_ERROR, cb.Build.Status.TIMEOUT,
             cb.Build.Status.CANCELLED, cb.Build.Status.EXPIRED}
-    while True:
-        now = time.monotonic()
-        state = cb.Build.Status(build.status)
-        if state != last_state or now - last_line >= PROGRESS_EVERY_S:
-            out(f"      build {build.id}: {state.name} [{now - start:.0f} s]")
-            last_state, last_line = state, now
-        if state in done:
-            break
-        time.sleep(POLL_INTERVAL_S)
-        request = {"name": name, "project_id": reg.project, "id": build.id}
-        build = call_google("follow build", name, lambda r=request: cbc.get_build(request=r))
+    # Cloud Build ends the build itself at its own timeout (BUILD_TIMEOUT_S): no deadline of ours.
+    build = poll.until(lambda: call_google("follow build", name, lambda: cbc.get_build(request=request)),
+                       lambda b: cb.Build.Status(b.status) in done, first=build, interval=POLL_INTERVAL_S, timeout=None,
+                       describe=lambda b: f"      build {b.id}: {cb.Build.Status(b.status).name}", out=out)
+    state = cb.Build.Status(build.status)
     if state != cb.Build.Status.SUCCESS:
         for line in _log_tail(clients, reg, build.id):
             out(f"      | {line}")

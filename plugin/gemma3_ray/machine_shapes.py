@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gemma3_ray import names
-from gemma3_ray.errors import InvalidName, MissingSetting, UserError, translate
+from gemma3_ray.errors import InvalidName, MissingSetting, UserError, call_google
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,23 @@ GPU_MEMORY_GB = {
     "nvidia-rtx-pro-6000": 96,
     "nvidia-l4": 24,
 }
+
+# GPUs GKE offers as flex-start (Dynamic Workload Scheduler), with or without queued provisioning:
+# the GPU machine series GKE's flex-start guides cover (A4, A3 Ultra, A3 Mega, A3 High/Edge, A2,
+# G2; https://cloud.google.com/kubernetes-engine/docs/concepts/dws and
+# https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training). The chart refuses
+# capacity.type=flex-start|queued for any other accelerator (templates/validate.yaml keeps the same list).
+FLEX_START_ACCELERATORS = ("nvidia-b200", "nvidia-h200-141gb", "nvidia-h100-mega-80gb", "nvidia-h100-80gb",
+                           "nvidia-a100-80gb", "nvidia-tesla-a100", "nvidia-l4")
+# A flex-start VM runs at most 7 days (the node pool's max run duration defaults to, and cannot exceed, it).
+FLEX_START_MAX_RUN_S = 7 * 24 * 3600
+
+
+def check_flex_start(accel: str, flag: str = "--accelerator") -> None:
+    if accel not in FLEX_START_ACCELERATORS:
+        raise InvalidName(f"{flag} {accel} is not offered as flex-start by GKE: use one of "
+                          f"{', '.join(FLEX_START_ACCELERATORS)}, or leave out --capacity.")
+
 
 KNOWN_MACHINE_TYPES = sorted(
     [*_FIXED, *(p + f"{n}g" for p in _COUNTED for n in (1, 2, 4, 8))]
@@ -137,13 +154,14 @@ def shape_for_reservation(client: ReservationsClient, project: str, zone: str | 
     check_reservation_lookup(zone, reservation)
     owner, name = names.reservation(reservation)
     assert zone is not None  # noqa: S101 - checked above
+    where = f"projects/{owner or project}/zones/{zone}/reservations/{name}"
     try:
-        res = client.get(project=owner or project, zone=zone, reservation=name)
-    except Exception as exc:
-        err = translate(exc, "read reservation", f"projects/{owner or project}/zones/{zone}/reservations/{name}")
+        res = call_google("read reservation", where, lambda: client.get(project=owner or project, zone=zone,
+                                                                          reservation=name))
+    except UserError as err:
         if type(err) is UserError:  # unreachable API and the like: say how to go on offline
-            raise UserError(f"{err} Pass --machine-type to skip the reservation lookup.") from exc
-        raise err from exc
+            raise UserError(f"{err} Pass --machine-type to skip the reservation lookup.") from err
+        raise
     props = res.specific_reservation.instance_properties
     if props.machine_type in _UNSUPPORTED:
         raise InvalidName(f"Reservation {name!r} reserves {props.machine_type}: {_UNSUPPORTED[props.machine_type]}.")

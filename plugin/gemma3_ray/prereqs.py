@@ -22,6 +22,7 @@ the service account was created. Each step is a :class:`Step`; ``steps()`` is th
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,9 +30,9 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 
-from gemma3_ray import bucket_setup, grants, iam_policy, names
+from gemma3_ray import bucket_setup, grants, iam_policy, names, services
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import call_google, translate
+from gemma3_ray.errors import call_google
 from gemma3_ray.gcp_clients import Clients
 
 REQUIRED_SERVICES = (
@@ -41,7 +42,6 @@ REQUIRED_SERVICES = (
     "iamcredentials.googleapis.com",  # Workload Identity's token exchange
 )
 WORKLOAD_IDENTITY_ROLE = "roles/iam.workloadIdentityUser"
-ENABLE_TIMEOUT_S = 300
 SECRET_LABEL = "app.kubernetes.io/managed-by"
 NOT_CHECKED = "not checked (not logged in)"
 _OWNER_RE = re.compile(r"release (?P<owner>[a-z0-9-]+/[a-z0-9-]+) \(created by")
@@ -96,9 +96,6 @@ class Prereqs:
         self.gsa_exists = False
         self.gsa_created = False  # by this run: IAM may still answer 404 for it
 
-    def _call(self, action: str, resource: str, fn: Callable[[], Any]) -> Any:
-        return call_google(action, resource, fn)
-
     def steps(self) -> list[Step]:
         return [
             Step(lambda: [f"APIs enabled: {', '.join(REQUIRED_SERVICES)}"], self._services),
@@ -128,25 +125,13 @@ class Prereqs:
 
     # -- APIs ------------------------------------------------------------------------------------
     def _services(self, plan: Plan) -> None:
-        su = self.clients.get_service_usage()
-        disabled = []
-        for service in REQUIRED_SERVICES:
-            name = f"projects/{self.dep.project}/services/{service}"
-            svc = self._call("read the state of", name, lambda n=name: su.get_service(request={"name": n}))
-            if svc.parent.startswith("projects/"):
-                self.project_number = svc.parent.removeprefix("projects/")
-            if svc.state.name != "ENABLED":
-                disabled.append(service)
-        if not disabled:
+        state = services.read(self.clients, self.dep.project, REQUIRED_SERVICES)
+        self.project_number = state.project_number
+        if not state.disabled:
             plan.in_place.append(f"APIs enabled: {', '.join(REQUIRED_SERVICES)}")
             return
-
-        def enable() -> None:
-            op = self._call("enable APIs in", f"projects/{self.dep.project}", lambda: su.batch_enable_services(
-                request={"parent": f"projects/{self.dep.project}", "service_ids": disabled}))
-            op.result(timeout=ENABLE_TIMEOUT_S)
-
-        plan.actions.append(Action(f"enable APIs: {', '.join(disabled)}", enable))
+        plan.actions.append(Action(f"enable APIs: {', '.join(state.disabled)}",
+                                   lambda: services.enable(self.clients, self.dep.project, state.disabled)))
 
     # -- bucket ----------------------------------------------------------------------------------
     def _bucket(self, plan: Plan) -> None:
@@ -158,7 +143,7 @@ class Prereqs:
         if not bucket_setup.hardened(self.bucket):
             plan.actions.append(Action(
                 f"enforce uniform bucket-level access and public access prevention on gs://{self.dep.bucket}",
-                lambda: bucket_setup.harden(self.clients.get_storage().get_bucket(self.dep.bucket))))
+                lambda b=self.bucket: bucket_setup.harden(b)))
         else:
             plan.in_place.append(f"bucket gs://{self.dep.bucket} ({self.bucket.location})")
 
@@ -169,11 +154,10 @@ class Prereqs:
     def read_gsa(self) -> Any | None:
         iam = self.clients.get_iam()
         try:
-            return iam.get_service_account(request={"name": self.dep.gsa_resource})
+            return call_google("read", self.dep.gsa_resource,
+                               lambda: iam.get_service_account(request={"name": self.dep.gsa_resource}), not_found=True)
         except gexc.NotFound:
             return None
-        except Exception as exc:
-            raise translate(exc, "read", self.dep.gsa_resource) from exc
 
     def _create_gsa(self) -> None:
         iam = self.clients.get_iam()
@@ -184,12 +168,11 @@ class Prereqs:
                                 "description": gsa_description(self.dep)},
         }
         try:
-            iam.create_service_account(request=request)
+            call_google("create", self.dep.gsa_resource, lambda: iam.create_service_account(request=request),
+                        expect=(gexc.AlreadyExists,))
             self.gsa_created = True
         except gexc.AlreadyExists:
             return  # a concurrent run created it
-        except Exception as exc:
-            raise translate(exc, "create", self.dep.gsa_resource) from exc
 
     def _gsa(self, plan: Plan) -> None:
         gsa = self.read_gsa()
@@ -211,7 +194,7 @@ class Prereqs:
         wanted = self._grants()
         missing = list(wanted)
         if self.bucket is not None and self.gsa_exists:
-            policy = self._call("read the IAM policy of", resource, lambda: self._bucket_policy().read())
+            policy = call_google("read the IAM policy of", resource, lambda: self._bucket_policy().read())
             missing = [g for g in wanted if not grants.has(policy, g)]
         plan.in_place += [g.text(self.dep.bucket) for g in wanted if g not in missing]
         if not missing:
@@ -226,7 +209,7 @@ class Prereqs:
 
         def grant() -> None:
             access = self._bucket_policy()
-            self._call("set the IAM policy of", resource, lambda: iam_policy.update(
+            call_google("set the IAM policy of", resource, lambda: iam_policy.update(
                 access.read, access.write, edit, just_created=self.gsa_created))
 
         plan.actions.append(Action("grant " + "; ".join(g.text(self.dep.bucket) for g in missing), grant))
@@ -237,7 +220,7 @@ class Prereqs:
     def _folder(self, plan: Plan) -> None:
         name = f"{self.dep.prefix}/"
         if self.bucket is not None:
-            blob = self._call("read", f"gs://{self.dep.bucket}/{name}",
+            blob = call_google("read", f"gs://{self.dep.bucket}/{name}",
                               lambda: self.clients.get_storage().bucket(self.dep.bucket).get_blob(name))
             if blob is not None:
                 plan.in_place.append(self._folder_text())
@@ -245,12 +228,9 @@ class Prereqs:
 
         def create() -> None:
             blob = self.clients.get_storage().bucket(self.dep.bucket).blob(name)
-            try:
-                blob.upload_from_string(b"", content_type="application/x-directory", if_generation_match=0)
-            except gexc.PreconditionFailed:
-                return  # it exists (a concurrent run, or the job itself)
-            except Exception as exc:
-                raise translate(exc, "create", f"gs://{self.dep.bucket}/{name}") from exc
+            with contextlib.suppress(gexc.PreconditionFailed):  # it exists (a concurrent run, or the job itself)
+                call_google("create", f"gs://{self.dep.bucket}/{name}", lambda: blob.upload_from_string(
+                    b"", content_type="application/x-directory", if_generation_match=0), expect=(gexc.PreconditionFailed,))
 
         plan.actions.append(Action(f"create {self._folder_text()}", create))
 
@@ -266,13 +246,13 @@ class Prereqs:
     def _wi_binding(self, plan: Plan) -> None:
         text = self._wi_text()
         if self.gsa_exists:
-            policy = self._call("read the IAM policy of", self.dep.gsa_email, lambda: self.gsa_policy().read())
+            policy = call_google("read the IAM policy of", self.dep.gsa_email, lambda: self.gsa_policy().read())
             if self.gsa_policy().has(policy, WORKLOAD_IDENTITY_ROLE, self.dep.wi_member):
                 plan.in_place.append(text)
                 return
 
         def grant() -> None:
-            self._call("set the IAM policy of", self.dep.gsa_resource, lambda: iam_policy.change_binding(
+            call_google("set the IAM policy of", self.dep.gsa_resource, lambda: iam_policy.change_binding(
                 self.gsa_policy(), WORKLOAD_IDENTITY_ROLE, self.dep.wi_member, present=True,
                 just_created=self.gsa_created))
 

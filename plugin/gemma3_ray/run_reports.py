@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemma3_ray.deployment import from_args
 from gemma3_ray.errors import EXIT_FAILURE, UserError
 from gemma3_ray.gcp_clients import Clients
 
@@ -77,11 +78,9 @@ def download(storage: Any, report: RunReport, dest: Path) -> Path:
 
 def cmd_report(args: argparse.Namespace, clients: Clients | None,
                out: Callable[[str], None] = lambda line: print(line, flush=True)) -> int:
-    from gemma3_ray.cli import deployment
-
     if args.release_arg:
         args.release = args.release_arg
-    dep, clients = deployment(args, clients)
+    dep, clients = from_args(args, clients)
     storage = clients.get_storage()
     report = pick_report(storage, dep.bucket, dep.prefix, args.run)
     if report is None:

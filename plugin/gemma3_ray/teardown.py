@@ -4,7 +4,6 @@ release still uses (that is kept, and the releases using it are named)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +11,7 @@ from google.api_core import exceptions as gexc
 
 from gemma3_ray import grants, iam_policy
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import translate
+from gemma3_ray.errors import call_google
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import WORKLOAD_IDENTITY_ROLE, Action, Prereqs, gsa_owner
 
@@ -31,13 +30,6 @@ class Removal:
         self.absent += other.absent
 
 
-def _call(action: str, resource: str, fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception as exc:
-        raise translate(exc, action, resource) from exc
-
-
 def _wi_members(policy: Any) -> set[str]:
     return {m for b in policy.bindings if b.role == WORKLOAD_IDENTITY_ROLE and not b.condition.expression
             for m in b.members}
@@ -50,18 +42,16 @@ def plan(dep: Deployment, clients: Clients, delete_data: bool) -> Removal:
     storage = clients.get_storage()
     where = f"gs://{dep.bucket}"
     try:
-        bucket = storage.get_bucket(dep.bucket)
+        bucket = call_google("read", where, lambda: storage.get_bucket(dep.bucket), not_found=True)
     except gexc.NotFound:
         bucket = None
-    except Exception as exc:
-        raise translate(exc, "read", where) from exc
 
     others: list[grants.Holder] = []
     if bucket is None:
         out.absent.append(f"bucket {where} (does not exist: no grants or objects to remove)")
     else:
         access = iam_policy.bucket_policy(storage.bucket(dep.bucket))
-        policy = _call("read the IAM policy of", where, access.read)
+        policy = call_google("read the IAM policy of", where, access.read)
         others = [h for h in grants.holders(policy) if h.name != dep.owner]
         mine = [h for h in grants.holders(policy) if h.name == dep.owner]
         if mine:
@@ -69,7 +59,7 @@ def plan(dep: Deployment, clients: Clients, delete_data: bool) -> Removal:
                             if (b.get("condition") or {}).get("title") == grants.title(dep.namespace, dep.release)})
 
             def drop() -> None:
-                _call("set the IAM policy of", where, lambda: iam_policy.update(
+                call_google("set the IAM policy of", where, lambda: iam_policy.update(
                     access.read, access.write, lambda pol: bool(grants.remove_release(pol, dep.namespace, dep.release))))
 
             out.actions.append(Action(f"this release's grants on {where} ({', '.join(roles)})", drop))
@@ -92,12 +82,12 @@ def plan(dep: Deployment, clients: Clients, delete_data: bool) -> Removal:
 def _gsa_removal(dep: Deployment, p: Prereqs, gsa: Any, others: list[grants.Holder]) -> Removal:
     out = Removal()
     access = p.gsa_policy()
-    policy = _call("read the IAM policy of", dep.gsa_email, access.read)
+    policy = call_google("read the IAM policy of", dep.gsa_email, access.read)
     members = _wi_members(policy)
     if dep.wi_member in members:
         out.actions.append(Action(
             f"{WORKLOAD_IDENTITY_ROLE} on {dep.gsa_email} for {dep.wi_member}",
-            lambda: _call("set the IAM policy of", dep.gsa_resource, lambda: iam_policy.change_binding(
+            lambda: call_google("set the IAM policy of", dep.gsa_resource, lambda: iam_policy.change_binding(
                 p.gsa_policy(), WORKLOAD_IDENTITY_ROLE, dep.wi_member, present=False))))
     else:
         out.absent.append(f"{WORKLOAD_IDENTITY_ROLE} on {dep.gsa_email} for {dep.wi_member}")
@@ -125,22 +115,20 @@ def _data_removal(dep: Deployment, clients: Clients, others: list[grants.Holder]
         out.kept.append(f"objects under {folder} (not deleted: release {', '.join(sharing)} uses that prefix too)")
         return out
     storage = clients.get_storage()
-    blobs = _call("list", folder, lambda: list(storage.list_blobs(dep.bucket, prefix=dep.prefix + "/")))
+    blobs = call_google("list", folder, lambda: list(storage.list_blobs(dep.bucket, prefix=dep.prefix + "/")))
     if not blobs:
         out.absent.append(f"objects under {folder}")
         return out
     out.actions.append(Action(f"{len(blobs)} object(s) under {folder}",
-                              lambda: _call("delete objects under", folder, lambda: _delete_blobs(blobs))))
+                              lambda: call_google("delete objects under", folder, lambda: _delete_blobs(blobs))))
     return out
 
 
 def _delete_gsa(p: Prereqs, dep: Deployment) -> None:
-    try:
-        p.clients.get_iam().delete_service_account(request={"name": dep.gsa_resource})
-    except gexc.NotFound:
-        return  # gone meanwhile
-    except Exception as exc:
-        raise translate(exc, "delete", dep.gsa_resource) from exc
+    iam = p.clients.get_iam()
+    with contextlib.suppress(gexc.NotFound):  # gone meanwhile
+        call_google("delete", dep.gsa_resource, lambda: iam.delete_service_account(request={"name": dep.gsa_resource}),
+                    not_found=True)
 
 
 def _delete_blobs(blobs: list[Any]) -> None:

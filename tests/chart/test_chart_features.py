@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -29,8 +30,6 @@ def all_pod_specs(r: Render) -> list[tuple[str, dict[str, Any]]]:
             out.append(("submitter", doc["spec"]["submitterPodTemplate"]["spec"]))
         if doc["kind"] == "Pod":
             out.append(("test", doc["spec"]))
-        if doc["kind"] == "Job":
-            out.append(("cleanup", doc["spec"]["template"]["spec"]))
     return out
 
 
@@ -81,61 +80,60 @@ def test_ephemeral_is_the_default_mode() -> None:
     assert yaml.safe_load((VALUES_DIR / "tutorial.yaml").read_text())["mode"] == "persistent"
 
 
-def test_rayjob_is_a_hook_recreated_on_every_install_upgrade_and_rollback(renders: dict[str, Render]) -> None:
-    """Helm re-runs only post-rollback hooks on `helm rollback`: without it the live RayJob kept the
-    newer revision's flags and files (issue #10, failure 1)."""
+def test_rayjob_is_a_release_resource_named_after_the_revision(renders: dict[str, Render]) -> None:
+    """Not a hook (issue #19, failure 4): Helm creates each revision's RayJob, deletes the previous one
+    (a new name each revision), re-applies an old revision's on rollback and deletes it on uninstall,
+    with no pod. `helm template` renders revision 1."""
     for name, r in renders.items():
-        ann = r.one("RayJob")["metadata"]["annotations"]
-        assert ann[HOOK] == "post-install,post-upgrade,post-rollback", name
-        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation", name
-        spec = r.one("RayJob")["spec"]
+        job = r.one("RayJob")
+        assert HOOK not in job["metadata"].get("annotations", {}), name
+        assert job["metadata"]["name"] == f"{FULLNAME}-r1", name
+        spec = job["spec"]
         assert spec["submissionMode"] == "K8sJobMode" and spec["activeDeadlineSeconds"] >= 1
         assert spec["submitterConfig"]["backoffLimit"] >= 0
         assert spec["submitterPodTemplate"]["spec"]["containers"][0]["resources"]["limits"]
 
 
-CLEANUP_KINDS = ["Job", "Role", "RoleBinding", "ServiceAccount"]
-CLEANUP_HOOK = "pre-upgrade,pre-rollback,pre-delete"
+KUBERAY_MAX_RAYJOB_NAME = 47  # ValidateRayJobMetadata: MaxRayJobNameLength = 53 - 6 (v1.4.2 and v1.7.0)
 
 
-def test_every_hook_is_removed_by_uninstall_or_its_own_policy(renders: dict[str, Render]) -> None:
-    """Hooks are unmanaged: `helm uninstall` never deletes them. The cleanup hook's objects go by
-    their hook-succeeded policy, the RayJob is deleted by that hook, and the helm-test pod by its
-    policy (a failed one is left for inspection; NOTES give its command)."""
+@pytest.mark.parametrize("run_id", ["", "a", "lr-1e4-sweep-0123456789ab"[:24]])
+def test_rayjob_name_fits_kuberay_keeping_its_suffix(render: Callable[..., Render], run_id: str) -> None:
+    """The longest full name (40) with the longest runId (24): the base is shortened, never the suffix;
+    with runId the run name is deterministic (no time or random part)."""
+    sets = {"fullnameOverride": "f" * 39 + "x"}
+    if run_id:
+        sets["rayJob.runId"] = run_id
+    r = render(CI / "default-values.yaml", sets=sets)
+    job = r.one("RayJob")
+    name, suffix = job["metadata"]["name"], run_id or "r1"
+    assert len(name) <= KUBERAY_MAX_RAYJOB_NAME and name.endswith(f"-{suffix}"), name
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+    assert name.startswith("f" * min(39, KUBERAY_MAX_RAYJOB_NAME - 1 - len(suffix))), name
+    if run_id:
+        assert f"--run_name=r1-{run_id}" in job["spec"]["entrypoint"]
+        again = render(CI / "default-values.yaml", sets=sets).one("RayJob")
+        assert again == job, "with rayJob.runId the RayJob renders the same every time (GitOps)"
+
+
+def test_the_only_hook_is_the_helm_test_pod(renders: dict[str, Render]) -> None:
+    """No lifecycle step runs a pod: the only hook is `helm test`'s, deleted by its own policy (a failed
+    one is left for inspection; NOTES give its command). NOTES give the one-line escape for a RayJob
+    held by KubeRay's finalizer."""
     for name, r in renders.items():
         for doc in r.docs:
             ann = doc["metadata"].get("annotations", {})
             assert "helm.sh/resource-policy" not in ann, (name, doc["kind"])
-        hooks = {(d["kind"], d["metadata"]["annotations"][HOOK]): d["metadata"]["annotations"] for d in r.docs
+        hooks = {(d["kind"], d["metadata"]["annotations"][HOOK]) for d in r.docs
                  if HOOK in d["metadata"].get("annotations", {})}
-        cleanup = sorted(k for k, h in hooks if h == CLEANUP_HOOK)
-        assert cleanup == CLEANUP_KINDS, (name, cleanup)
-        for (kind, hook), ann in hooks.items():
-            if hook == CLEANUP_HOOK:
-                assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded", (name, kind)
-        assert {k for k, h in hooks if h != CLEANUP_HOOK} <= {"RayJob", "Pod"}, (name, hooks)
+        assert hooks <= {("Pod", "test")}, (name, hooks)
+        assert not r.kinds("Job") and not r.kinds("Role") and not r.kinds("RoleBinding"), name
     text = notes(VALUES_DIR / "tutorial.yaml")
     assert "delete rayjob" not in text, "NOTES must not ask for a manual RayJob deletion"
+    assert (f"kubectl -n {NAMESPACE} patch rayjob {FULLNAME}-r1 --type=merge "
+            """-p '{"metadata":{"finalizers":null}}'""") in text
     assert f"kubectl -n {NAMESPACE} delete pod {FULLNAME}-test-head" in text
     assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in text
-
-
-def test_cleanup_hook_may_touch_only_this_releases_rayjob(renders: dict[str, Render]) -> None:
-    for name, r in renders.items():
-        role = r.one("Role")
-        assert role["rules"] == [{"apiGroups": ["ray.io"], "resources": ["rayjobs"],
-                                  "resourceNames": [r.one("RayJob")["metadata"]["name"]], "verbs": ["get", "delete"]}], name
-        (binding,) = r.kinds("RoleBinding")
-        assert binding["roleRef"]["name"] == role["metadata"]["name"]
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULLNAME}-cleanup", "namespace": NAMESPACE}]
-        pod = r.one("Job")["spec"]["template"]["spec"]
-        assert pod["serviceAccountName"] == f"{FULLNAME}-cleanup" and pod["automountServiceAccountToken"] is True
-        head_image = r.one("RayJob")["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["image"]
-        assert pod["containers"][0]["image"] == head_image, "the cleanup runs the image the cluster already pulled"
-        env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
-        assert env["RAYJOB_NAME"] == r.one("RayJob")["metadata"]["name"] and env["NAMESPACE"] == NAMESPACE
-        program = (CHART / "files" / "cleanup" / "delete_rayjob.py").read_text()
-        assert pod["containers"][0]["command"] == ["python", "-c", program]
 
 
 # ---------------------------------------------------------------- the tutorial's shape
@@ -162,8 +160,7 @@ def test_tutorial_values_reproduce_the_tutorial_shape(renders: dict[str, Render]
     }
     (sa,) = [s for s in r.kinds("ServiceAccount") if s["metadata"]["name"] == FULLNAME]
     assert sa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": "gemma3-ray@my-project.iam.gserviceaccount.com"}
-    assert sorted(d["kind"] for d in r.docs) == ["ConfigMap", "Job", "Pod", "RayCluster", "RayJob", "Role", "RoleBinding",
-                                                  "Service", "ServiceAccount", "ServiceAccount"]
+    assert sorted(d["kind"] for d in r.docs) == ["ConfigMap", "Pod", "RayCluster", "RayJob", "Service", "ServiceAccount"]
 
 
 # ---------------------------------------------------------------- capacity
@@ -242,7 +239,7 @@ def test_security_defaults_on_every_pod(renders: dict[str, Render]) -> None:
             assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 1000, (name, where)
             assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, (name, where)
             autoscaling_head = where.endswith("head") and "enableInTreeAutoscaling" in str(r.docs)
-            if not autoscaling_head and where != "cleanup":
+            if not autoscaling_head:
                 assert spec["automountServiceAccountToken"] is False, (name, where)
             for c in spec["containers"]:
                 sc = c["securityContext"]
@@ -329,9 +326,9 @@ def test_token_value_lands_only_in_the_secret(renders: dict[str, Render]) -> Non
 
 def test_existing_service_account_is_used_not_created(renders: dict[str, Render]) -> None:
     r = renders["token-extras-values.yaml"]
-    assert [sa["metadata"]["name"] for sa in r.kinds("ServiceAccount")] == [f"{FULLNAME}-cleanup"]
+    assert r.kinds("ServiceAccount") == []
     for where, spec in all_pod_specs(r):
-        if where not in ("test", "cleanup"):
+        if where != "test":
             assert spec["serviceAccountName"] == "existing-training-sa", where
 
 
@@ -340,7 +337,7 @@ def test_existing_service_account_is_used_not_created(renders: dict[str, Render]
 
 def test_notes_tell_how_to_follow_open_find_and_clean(renders: dict[str, Render]) -> None:
     text = notes(VALUES_DIR / "tutorial.yaml")
-    assert f"kubectl -n {NAMESPACE} get rayjob {FULLNAME} -w" in text
+    assert f"kubectl -n {NAMESPACE} get rayjob {FULLNAME}-r1 -w" in text
     assert f"kubectl -n {NAMESPACE} port-forward svc/{FULLNAME}-head 8265:8265" in text
     assert "gs://my-gemma3-ray-bucket/gemma3-vision" in text
     assert "stays up (and keeps its GPUs)" in text
@@ -370,4 +367,17 @@ def test_names_fit_kuberay_limits(release: str) -> None:
     r = helm_template([CI / "default-values.yaml"], release=release)
     assert r.returncode == 0, r.stderr
     job = r.one("RayJob")["metadata"]["name"]
-    assert len(job) <= 40 and job[0].isalpha()
+    assert len(job) <= KUBERAY_MAX_RAYJOB_NAME and job[0].isalpha() and job.endswith("-r1")
+
+
+def test_notes_name_the_requested_token_auth_and_how_to_verify_it() -> None:
+    """KubeRay before 1.5.1 prunes authOptions without an error (issue #19, failure 5): NOTES never say it
+    is on, they say it was requested and give the command that reads it back from the live object."""
+    eph = notes(CI / "cpu-newer-kuberay-values.yaml")
+    per = notes(CI / "cpu-newer-kuberay-values.yaml", mode="persistent")
+    for text in (eph, per):
+        assert "Token authentication is on" not in text and "Requested: Ray token authentication" in text
+    assert (f"kubectl -n {NAMESPACE} get rayjob {FULLNAME}-r1 -o jsonpath='{{.spec.rayClusterSpec.authOptions.mode}}'"
+            in eph)
+    assert f"kubectl -n {NAMESPACE} get raycluster {FULLNAME} -o jsonpath='{{.spec.authOptions.mode}}'" in per
+    assert "Requested: Ray token authentication" not in notes(CI / "default-values.yaml")

@@ -57,3 +57,15 @@ def test_run_name_is_derived_never_a_value(helm: str, tmp_path) -> None:
     proc = subprocess.run([helm_bin(helm), "template", RELEASE, str(CHART), "-f", str(CI_DEFAULT), "-f", str(f)],
                           capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode != 0 and "run_name" in proc.stderr, proc.stderr
+
+
+def test_run_id_makes_the_run_and_the_rayjob_deterministic() -> None:
+    """rayJob.runId (GitOps, `helm template`): the run is r<revision>-<runId> in the RayJob and NOTES,
+    the same on every render, and the RayJob is named after it."""
+    flags, notes = dry_run_install("HELM", "rayJob.runId=sweep-7")
+    assert flags["run_name"] == "r1-sweep-7"
+    assert "This revision's run: r1-sweep-7, a fresh run" in notes
+    assert f"get rayjob {RELEASE}-gemma3-ray-sweep-7 -w" in notes
+    assert "helm updates this same RayJob in place instead" in notes
+    again, _ = dry_run_install("HELM", "rayJob.runId=sweep-7")
+    assert again == flags

@@ -6,36 +6,22 @@
   RayJob being deleted is stopped (StopJob through the dashboard) and the finalizer removed.
 - Kubernetes' garbage collector (pkg/controller/garbagecollector): a `foregroundDeletion` owner goes
   once its dependents are deleted; dependents of a deleted owner are deleted (background).
-- The job controller and kubelet, for Helm's hook Jobs: the pod's one container runs here, with a
-  real token of the pod's ServiceAccount in a directory shaped like the mounted one, and the Job's
-  status is then set Complete or Failed as the job controller would.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from kube_api import ApiError, ApiServer
 
 KUBERAY_FINALIZER = "ray.io/rayjob-finalizer"
 FOREGROUND = "foregroundDeletion"
 POLL_S = 0.1
-
-
-@dataclass
-class HookRun:
-    job: str
-    returncode: int
-    output: str
 
 
 @dataclass
@@ -47,10 +33,7 @@ class Controllers:
     workdir: Path
     operator_stops_jobs: bool = True  # False: KubeRay's finalizer is on the RayJobs, its operator gone
     stopped_jobs: list[str] = field(default_factory=list)  # RayJobs KubeRay would have stopped (StopJob)
-    hook_runs: list[HookRun] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    _running: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
-    _done: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _rounds: int = 0
     _thread: threading.Thread | None = None
@@ -64,8 +47,6 @@ class Controllers:
         self._stop.set()
         assert self._thread is not None
         self._thread.join(timeout=30)
-        for proc, _ in self._running.values():
-            proc.kill()
         assert not self.errors, self.errors
 
     def _loop(self) -> None:
@@ -95,7 +76,6 @@ class Controllers:
     def step(self) -> None:
         self._kuberay()
         self._garbage_collector()
-        self._hook_jobs()
 
     # ------------------------------------------------------------ KubeRay's RayJob controller
     def _kuberay(self) -> None:
@@ -147,54 +127,3 @@ class Controllers:
                 kube.merge_patch(f"/apis/ray.io/v1{self.ns}/rayjobs/{owner['metadata']['name']}",
                                  {"metadata": {"finalizers": [f for f in finalizers if f != FOREGROUND],
                                                "resourceVersion": owner["metadata"]["resourceVersion"]}})
-
-    # ------------------------------------------------------------ the job controller and kubelet
-    def _hook_jobs(self) -> None:
-        kube = self.api.admin
-        for job in kube.items(f"/apis/batch/v1{self.ns}/jobs"):
-            key = job["metadata"]["uid"]
-            if key in self._done:
-                continue
-            if key not in self._running:
-                self._running[key] = self._start_pod(job)
-                continue
-            proc, log = self._running[key]
-            if proc.poll() is None:
-                continue
-            del self._running[key]
-            self._done.add(key)
-            output = log.read_text()
-            self.hook_runs.append(HookRun(job["metadata"]["name"], proc.returncode, output))
-            self._finish(job, proc.returncode == 0)
-
-    def _start_pod(self, job: dict[str, Any]) -> tuple[subprocess.Popen, Path]:
-        pod = job["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
-        sa = pod.get("serviceAccountName", "default")
-        sa_dir = self.workdir / f"sa-{job['metadata']['uid']}"
-        sa_dir.mkdir(parents=True)
-        (sa_dir / "token").write_text(self.api.token_for(self.namespace, sa))
-        (sa_dir / "ca.crt").write_bytes(Path(self.api.admin.ca_file).read_bytes())
-        (sa_dir / "namespace").write_text(self.namespace)
-        url = urlparse(self.api.server)
-        env = {"PATH": os.environ["PATH"], "KUBERNETES_SERVICE_HOST": url.hostname or "", "KUBERNETES_SERVICE_PORT": str(url.port),
-               "SERVICEACCOUNT_DIR": str(sa_dir)}
-        env.update({e["name"]: e["value"] for e in container.get("env") or []})
-        command = [*container.get("command", []), *container.get("args", [])]
-        assert command[0] == "python", command
-        log = self.workdir / f"{job['metadata']['name']}-{job['metadata']['uid']}.log"
-        with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, *command[1:]], env=env, stdout=out, stderr=subprocess.STDOUT)
-        return proc, log
-
-    def _finish(self, job: dict[str, Any], ok: bool) -> None:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        if ok:
-            status = {"startTime": now, "completionTime": now, "succeeded": 1, "conditions": [
-                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
-                {"type": "Complete", "status": "True", "lastTransitionTime": now}]}
-        else:
-            status = {"startTime": now, "failed": 1, "conditions": [
-                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now},
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now}]}
-        self.api.admin.merge_patch(f"/apis/batch/v1{self.ns}/jobs/{job['metadata']['name']}/status", {"status": status})

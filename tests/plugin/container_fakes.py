@@ -43,7 +43,7 @@ def _service_disabled(service: str, number: str) -> gexc.PermissionDenied:
     info = error_details_pb2.ErrorInfo(reason="SERVICE_DISABLED", domain="googleapis.com",
                                        metadata={"service": service, "consumer": f"projects/{number}"})
     return gexc.PermissionDenied(f"{service} has not been used in project {number} before or it is disabled.",
-                                 details=[info])
+                                 details=[info], error_info=info)  # as from_grpc_error builds it
 S = gke.Operation.Status
 
 

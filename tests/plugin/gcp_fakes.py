@@ -30,7 +30,7 @@ def _denied(permission: str, resource: str) -> gexc.PermissionDenied:
     info = error_details_pb2.ErrorInfo(reason="IAM_PERMISSION_DENIED", domain="iam.googleapis.com",
                                        metadata={"permission": permission, "resource": resource})
     return gexc.PermissionDenied(f"Permission '{permission}' denied on resource '{resource}' (or it may not exist).",
-                                 details=[info])
+                                 details=[info], error_info=info)  # as from_grpc_error builds it
 
 
 def _req(request: Any) -> dict[str, Any]:
@@ -178,7 +178,7 @@ class FakeServiceUsage:
                 metadata={"service": "serviceusage.googleapis.com", "consumer": f"projects/{self.project_number}"})
             raise gexc.PermissionDenied(
                 f"Service Usage API has not been used in project {self.project_number} before or it is disabled.",
-                details=[info])
+                details=[info], error_info=info)  # as from_grpc_error builds it
         if self.allowed != ALL and permission not in self.allowed:
             raise _denied(permission, resource)
 

@@ -7,6 +7,7 @@ import io
 
 import pytest
 from gemma3_ray import cli, gke_cluster
+from gemma3_ray.errors import UserError
 from gemma3_ray.gcp_clients import Clients
 from google.cloud import container_v1 as gke
 
@@ -156,7 +157,12 @@ def test_missing_permissions_are_named_before_any_change(gcloud: GcloudHome, cap
 
     # Without the preflight's word (e.g. a custom role), the API's own 403 is one sentence too.
     fake.allowed = viewer
-    err_text = str(gke_cluster._error(fake_forbidden(fake), "create", PATH))
+    def forbidden() -> None:
+        raise fake_forbidden(fake)
+
+    with pytest.raises(UserError) as raised:
+        gke_cluster._call("create", PATH, forbidden)
+    err_text = str(raised.value)
     assert "'container.clusters.create'" in err_text and "roles/" in err_text
 
 

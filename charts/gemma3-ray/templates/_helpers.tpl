@@ -84,27 +84,40 @@ helm.sh/chart: {{ include "gemma3-ray.chart" .root }}
 {{- include "gemma3-ray.fullname" . -}}
 {{- end -}}
 
-{{- define "gemma3-ray.rayJobName" -}}
-{{- include "gemma3-ray.fullname" . -}}
+{{/*
+The RayJob of this revision: a release resource named "<full name>-<suffix>", the suffix
+"r<revision>", or rayJob.runId when set (GitOps: a name that does not depend on Helm's revision).
+A new name per revision lets Helm itself create the new job and delete the old one on upgrade
+(it is no longer in the manifest), delete it on uninstall and re-apply the old revision's on
+rollback: no hook, so no pod is needed for any of these. KubeRay refuses RayJob names over 47
+characters (ValidateRayJobMetadata: MaxRayJobNameLength = 53 - 6, its cluster's suffix) that are
+not DNS-1035 labels, so the base is shortened, never the suffix.
+*/}}
+{{- define "gemma3-ray.rayJobSuffix" -}}
+{{- .Values.rayJob.runId | default (printf "r%d" (int .Release.Revision)) -}}
 {{- end -}}
 
-{{/* The cleanup hook's Job, ServiceAccount, Role and RoleBinding. */}}
-{{- define "gemma3-ray.cleanupName" -}}
-{{- printf "%s-cleanup" (include "gemma3-ray.fullname" .) -}}
+{{- define "gemma3-ray.rayJobName" -}}
+{{- $suffix := include "gemma3-ray.rayJobSuffix" . -}}
+{{- $base := include "gemma3-ray.fullname" . | trunc (int (sub 46 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
 {{- end -}}
 
 {{/*
-Annotations of the cleanup hook's objects. It runs before every upgrade, rollback and uninstall, so
-the running job is stopped and gone (its cluster too) before the next revision's job starts or the
-release's objects go: Helm 4 does not wait for a deleted hook to disappear before it applies the
-new one, and KubeRay's finalizer keeps a deleted RayJob for a moment, so the new RayJob would be
-applied onto the terminating one and vanish with it. Deleted by Helm when the hook succeeded (or
-before a retry creates them again). Arguments: dict "weight" "<n>".
+The RayJob's own labels: rayJob.labels, then Kueue's queue-name and priority-class from kueue.*
+(validate-kueue.yaml refuses those two keys in rayJob.labels). Renders nothing when all are unset.
 */}}
-{{- define "gemma3-ray.cleanupHookAnnotations" -}}
-helm.sh/hook: pre-upgrade,pre-rollback,pre-delete
-helm.sh/hook-weight: {{ .weight | quote }}
-helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- define "gemma3-ray.kueueLabels" -}}
+{{- $l := deepCopy .Values.rayJob.labels -}}
+{{- with .Values.kueue.queueName -}}
+{{- $_ := set $l "kueue.x-k8s.io/queue-name" . -}}
+{{- end -}}
+{{- with .Values.kueue.priorityClass -}}
+{{- $_ := set $l "kueue.x-k8s.io/priority-class" . -}}
+{{- end -}}
+{{- if $l -}}
+{{- toYaml $l -}}
+{{- end -}}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- versions and images */}}
@@ -189,14 +202,16 @@ so the package holds each file once, by its own name.
 {{- end -}}
 
 {{/*
-The run of this Helm revision: r<revision>-<UTC time>-<4 random characters>. It is rendered into
-the stored manifest, so KubeRay retries (and `helm rollback` to this revision) keep it, and every
-install and upgrade gets a new one, also after an uninstall and reinstall. Made once per render
-(kept in .Values under a private key) so the RayJob and NOTES name the same run.
+The run of this Helm revision: r<revision>-<UTC time>-<4 random characters>, or
+r<revision>-<rayJob.runId> when that is set (a deterministic render for `helm template`). It is
+rendered into the stored manifest, so KubeRay retries (and `helm rollback` to this revision) keep
+it, and every install and upgrade gets a new one, also after an uninstall and reinstall. Made once
+per render (kept in .Values under a private key) so the RayJob and NOTES name the same run.
 */}}
 {{- define "gemma3-ray.runName" -}}
 {{- if not (hasKey .Values "_gemma3RayRunName") -}}
-{{- $_ := set .Values "_gemma3RayRunName" (printf "r%d-%s-%s" (int .Release.Revision) (now | date "20060102-150405" | toString) (randAlphaNum 4 | lower)) -}}
+{{- $id := .Values.rayJob.runId | default (printf "%s-%s" (now | date "20060102-150405" | toString) (randAlphaNum 4 | lower)) -}}
+{{- $_ := set .Values "_gemma3RayRunName" (printf "r%d-%s" (int .Release.Revision) $id) -}}
 {{- end -}}
 {{- index .Values "_gemma3RayRunName" -}}
 {{- end -}}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gemma3_ray import __version__
+from gemma3_ray import __version__, tokens
 from gemma3_ray.deployment import Deployment, from_args
 from gemma3_ray.errors import EXIT_FAILURE, UserError
 from gemma3_ray.gcp_clients import Clients
@@ -40,7 +40,7 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        super().error(redact(message, self._argv))
+        super().error(tokens.scrub(redact(message, self._argv)))
 
 
 _MIN_REDACTED_LEN = 3
@@ -105,7 +105,7 @@ def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
-        print(f"wrote {path}", file=sys.stderr)
+        print(f"wrote {tokens.shown(path)}", file=sys.stderr)
     else:
         sys.stdout.write(render.render(dep, extra=extra))
     return 0
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> i
     try:
         return handler(args, clients)
     except UserError as exc:
-        print(f"gemma3-ray: error: {exc}", file=sys.stderr)
+        print(f"gemma3-ray: error: {tokens.scrub(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("gemma3-ray: interrupted", file=sys.stderr)

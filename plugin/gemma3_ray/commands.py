@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gemma3_ray import names, poll
+from gemma3_ray import names, poll, tokens
 from gemma3_ray.deployment import Deployment, from_args
 from gemma3_ray.errors import EXIT_FAILURE, MissingSetting, NotLoggedIn
 from gemma3_ray.gcp_clients import Clients
@@ -23,8 +23,6 @@ def _out(line: str) -> None:
 
 def _hf_token(args: argparse.Namespace) -> str | None:
     """The HF token from --hf-token-from-env VAR or --hf-token-file PATH|- (never from argv)."""
-    from gemma3_ray import tokens
-
     return tokens.from_args(args)
 
 
@@ -135,7 +133,7 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-    _out(f"Values: {path}")
+    _out(f"Values: {tokens.shown(path)}")
     rc = run_prereqs(dep, clients, dry_run=False, hf_token=hf_token)
     if rc:
         return rc
@@ -190,8 +188,6 @@ def cmd_down(args: argparse.Namespace, clients: Clients | None) -> int:
 
 
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]
-    from gemma3_ray import tokens
-
     p = sub.add_parser("prereqs", help="create the GCP prerequisites Helm cannot (plan first with --dry-run)")
     add_common(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")

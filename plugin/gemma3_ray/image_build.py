@@ -28,6 +28,7 @@ from gemma3_ray.artifact_registry import Registry, registry_of
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, call_google
 from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.tokens import shown
 
 DOCKERFILE = "images/trainer/Dockerfile"
 REQUIREMENTS = "trainer/requirements.txt"
@@ -118,20 +119,20 @@ def context(root: Path | None = None, dockerfile: str = DOCKERFILE, base: str | 
     root = root or repo_root()
     path = root / dockerfile
     if not path.is_file():
-        raise NotFound(f"No Dockerfile at {dockerfile} (under {root}): pass --dockerfile with the training image's "
+        raise NotFound(f"No Dockerfile at {shown(dockerfile)} (under {shown(root)}): pass --dockerfile with the training image's "
                        "Dockerfile.")
     text = path.read_text(encoding="utf-8")
     build_args: list[tuple[str, str]] = []
     for arg in _required_args(text):
         if arg != BASE_IMAGE_ARG:
-            raise NotFound(f"{dockerfile} needs the build argument {arg}, which `image build` does not know: give it a "
+            raise NotFound(f"{shown(dockerfile)} needs the build argument {arg}, which `image build` does not know: give it a "
                            "default in the Dockerfile.")
         build_args.append((arg, base or base_image(root)))
     files = {dockerfile}
     for src in _copy_sources(text):
         matches = sorted(root.glob(src.lstrip("/"))) if any(c in src for c in "*?[") else [root / src.lstrip("/")]
         if not matches or not all(m.exists() for m in matches):
-            raise NotFound(f"{dockerfile} copies {src!r}, which does not exist under {root}: fix the Dockerfile.")
+            raise NotFound(f"{shown(dockerfile)} copies {shown(src)}, which does not exist under {shown(root)}: fix the Dockerfile.")
         for m in matches:
             files |= {p.relative_to(root).as_posix() for p in ([m] if m.is_file() else m.rglob("*")) if p.is_file()}
     return Context(root, dockerfile, tuple(sorted(files)), tuple(build_args))

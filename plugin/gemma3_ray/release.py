@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma3_ray.errors import EXIT_USAGE, ClusterError, NotFound, UserError
+from gemma3_ray.tokens import shown
 
 # The chart beside the plugin in this repository (plugin/ and charts/ are siblings).
 DEFAULT_CHART = Path(__file__).resolve().parents[2] / "charts" / "gemma3-ray"
@@ -30,7 +31,7 @@ def client(kubeconfig: str | None, context: str | None) -> Any:
 def chart_path(chart: str | None) -> Path:
     path = Path(chart) if chart else DEFAULT_CHART
     if not (path / "Chart.yaml").is_file():
-        raise NotFound(f"No chart at {path}: pass --chart with the path of charts/gemma3-ray.")
+        raise NotFound(f"No chart at {shown(path)}: pass --chart with the path of charts/gemma3-ray.")
     return path
 
 

@@ -23,6 +23,7 @@ from ruamel.yaml.tokens import CommentToken
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import ConfigError
 from gemma3_ray.machine_shapes import GPU_MEMORY_GB, Shape, node_resources
+from gemma3_ray.tokens import shown
 
 YAML_WIDTH = 4096  # never fold long strings: folding would make the output depend on line lengths
 
@@ -277,11 +278,11 @@ def load(path: Path) -> CommentedMap:
     except FileNotFoundError:
         return CommentedMap()
     except Exception as exc:
-        raise ConfigError(f"Cannot parse {path} as YAML: {exc}; fix it or write to a new file.") from exc
+        raise ConfigError(f"Cannot parse {shown(path)} as YAML: {exc}; fix it or write to a new file.") from exc
     if doc is None:
         return CommentedMap()
     if not isinstance(doc, CommentedMap):
-        raise ConfigError(f"{path} is not a YAML mapping; write the values to a new file instead.")
+        raise ConfigError(f"{shown(path)} is not a YAML mapping; write the values to a new file instead.")
     return doc
 
 
@@ -290,7 +291,7 @@ def load_plain(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ConfigError(f"No values file {path}: check the path.") from exc
+        raise ConfigError(f"No values file {shown(path)}: check the path.") from exc
     return parse_plain(text, path)
 
 
@@ -298,9 +299,9 @@ def parse_plain(text: str, path: Path) -> dict[str, Any]:
     try:
         doc = YAML(typ="safe", pure=True).load(text)
     except Exception as exc:
-        raise ConfigError(f"Cannot parse {path} as YAML: {exc}; fix it.") from exc
+        raise ConfigError(f"Cannot parse {shown(path)} as YAML: {exc}; fix it.") from exc
     if not isinstance(doc, dict | type(None)):
-        raise ConfigError(f"{path} is not a YAML mapping; fix it.")
+        raise ConfigError(f"{shown(path)} is not a YAML mapping; fix it.")
     return doc or {}
 
 

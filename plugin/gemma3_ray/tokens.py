@@ -18,38 +18,50 @@ from gemma3_ray.errors import InvalidName, MissingSetting
 
 # An environment variable name (POSIX: letters, digits, '_', not starting with a digit).
 _VAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Hugging Face user access tokens start with "hf_" (https://huggingface.co/docs/hub/security-tokens).
-_HF_TOKEN_PREFIX = "hf_"
-# A variable name longer than this, mixing cases and digits, is far more likely a pasted secret.
-_SECRET_LIKE_MIN_LEN = 24
+# Hugging Face user access tokens are "hf_" and 34 letters and digits (https://huggingface.co/docs/hub/security-tokens);
+# HF_TOKEN, HF_API_TOKEN or hf_home are names, not tokens.
+_HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}")
+# A word this long mixing lower case, upper case and digits is far more likely a pasted secret than a name.
+_WORD_RE = re.compile(r"[A-Za-z0-9_-]{24,}")
+NOT_SHOWN = "(value not shown: it looks like a token)"
 STDIN = "-"
 SAFE_EXPORT = "read -rs HF_TOKEN && export HF_TOKEN"  # read -s: typed without echo, never in history
 REVOKE_HINT = "if it was a real token it is now in your shell history: revoke it at https://huggingface.co/settings/tokens"
 
 
+def _secret_word(word: str) -> bool:
+    return any(c.islower() for c in word) and any(c.isupper() for c in word) and any(c.isdigit() for c in word)
+
+
 def looks_like_token(value: str) -> bool:
-    """True for a Hugging Face token, or for a long mixed-case/digit string no one names a variable."""
-    if value.lower().startswith(_HF_TOKEN_PREFIX):
-        return True
-    mixed = any(c.islower() for c in value) and any(c.isupper() for c in value) and any(c.isdigit() for c in value)
-    return len(value) >= _SECRET_LIKE_MIN_LEN and mixed
+    """True when a Hugging Face token, or a long mixed-case/digit word, appears anywhere in ``value``."""
+    return bool(_HF_TOKEN_RE.search(value)) or any(_secret_word(w) for w in _WORD_RE.findall(value))
 
 
-def shown(value: str) -> str:
-    """How an error names a value the user gave: quoted, unless it looks like a token (then not at all)."""
-    return "(value not shown: it looks like a token)" if looks_like_token(value) else repr(value)
+def scrub(text: str) -> str:
+    """``text`` with every token-shaped word replaced (the last guard before anything is printed)."""
+    text = _HF_TOKEN_RE.sub(NOT_SHOWN, text)
+    return _WORD_RE.sub(lambda m: NOT_SHOWN if _secret_word(m.group(0)) else m.group(0), text)
+
+
+def shown(value: object) -> str:
+    """How a message names a value the user gave (a flag value, a path): quoted, unless it looks like a
+    token (then not at all). Every message that quotes user input goes through here."""
+    text = str(value)
+    return NOT_SHOWN if looks_like_token(text) else repr(text)
 
 
 def variable_name(flag: str, value: str) -> str:
     """Check a flag value that must name an environment variable; the value is never printed."""
     if looks_like_token(value):
         raise InvalidName(
-            f"{flag} takes the NAME of an environment variable, and the value given looks like a token (not "
-            f"shown; {REVOKE_HINT}): run `{SAFE_EXPORT}`, then pass {flag} HF_TOKEN, or use --hf-token-file -.")
+            f"{flag} takes the NAME of an environment variable, and the value given looks like the token itself "
+            f"(not shown; {REVOKE_HINT}): pass --hf-token-file - to type the token without echo, or put it in a "
+            f"variable first (`{SAFE_EXPORT}`) and give that variable's name.")
     if not _VAR_NAME_RE.match(value):
         raise InvalidName(
-            f"{flag} takes the NAME of an environment variable (letters, digits and '_', e.g. HF_TOKEN), and the "
-            f"value given is not one (not shown): run `{SAFE_EXPORT}`, then pass {flag} HF_TOKEN.")
+            f"{flag} takes the NAME of an environment variable (letters, digits and '_'), and the value given is "
+            f"not one (not shown): put the token in a variable (`{SAFE_EXPORT}`) and give its name, e.g. HF_TOKEN.")
     return value
 
 
@@ -73,9 +85,9 @@ def _from_file(path: str) -> str:
         try:
             token = Path(path).expanduser().read_text(encoding="utf-8")
         except OSError as exc:
-            raise MissingSetting(f"--hf-token-file: cannot read {path} ({exc.strerror}); pass a readable file, or - "
-                                 "to type the token without echo.") from None
-        where = path
+            raise MissingSetting(f"--hf-token-file: cannot read {shown(path)} ({exc.strerror}); pass a readable file, "
+                                 "or - to type the token without echo.") from None
+        where = shown(path)
     token = token.strip()
     if not token:
         raise MissingSetting(f"--hf-token-file: {where} holds no token; put the token in it (`umask 077; cat > FILE`), "

@@ -22,7 +22,7 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import container_v1 as gke
 
-from gemma3_ray import names, poll
+from gemma3_ray import gke_flex_start, names, poll
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import ClusterError, InvalidName, MissingSetting, UserError, call_google
 from gemma3_ray.prereqs import Action, Plan
@@ -62,6 +62,7 @@ class ClusterSpec:
     reservation: str | None = None
     cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE
     node_service_account: str | None = None  # None: GKE's default (the Compute Engine default account)
+    capacity: str = "none"  # the GPU pool: none | flex-start | queued (gke_flex_start)
 
     @property
     def parent(self) -> str:
@@ -84,7 +85,7 @@ class ClusterSpec:
 
 
 def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAULT_CPU_MACHINE_TYPE,
-              node_service_account: str | None = None) -> ClusterSpec:
+              node_service_account: str | None = None, capacity: str = "none") -> ClusterSpec:
     """The cluster of a deployment; a Standard one needs the GPU machine shape and the zone of its pool."""
     name = dep.cluster or DEFAULT_CLUSTER
     shape = dep.shape
@@ -96,6 +97,10 @@ def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAUL
             raise MissingSetting("A Standard cluster's GPU node pool needs its zone (the reservation's, or where the "
                                  "GPUs are): pass --zone.")
         names.dns_label("machine type", cpu_machine_type, "--cpu-machine-type")
+        gke_flex_start.check(capacity, shape.accelerator, dep.reservation)
+    elif capacity != "none":
+        raise InvalidName(f"--capacity {capacity} shapes the GPU node pool of a Standard cluster: add --standard "
+                          "(Autopilot makes flex-start nodes for pods that select cloud.google.com/gke-flex-start).")
     if node_service_account and not _SA_EMAIL.match(node_service_account):
         raise InvalidName("Invalid --node-service-account: it must be a service account's email "
                           "(NAME@PROJECT.iam.gserviceaccount.com); pass one, or leave it out for GKE's default.")
@@ -104,6 +109,7 @@ def spec_from(dep: Deployment, *, standard: bool, cpu_machine_type: str = DEFAUL
         machine_type=shape.machine_type if shape else None, accelerator=shape.accelerator if shape else None,
         gpus_per_node=shape.gpus_per_node if shape else 0, gpu_nodes=dep.replicas, zone=dep.zone,
         reservation=dep.reservation, cpu_machine_type=cpu_machine_type, node_service_account=node_service_account,
+        capacity=capacity,
     )
 
 
@@ -131,8 +137,9 @@ def gpu_node_pool(spec: ClusterSpec) -> gke.NodePool:
         config.reservation_affinity = gke.ReservationAffinity(
             consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
             key=RESERVATION_KEY, values=[spec.reservation])
-    return gke.NodePool(name=GPU_POOL, config=config, initial_node_count=spec.gpu_nodes,
+    pool = gke.NodePool(name=GPU_POOL, config=config, initial_node_count=spec.gpu_nodes,
                         locations=[spec.zone] if spec.zone else [])
+    return gke_flex_start.shape(pool, spec.capacity, spec.gpu_nodes)
 
 
 def desired_cluster(spec: ClusterSpec) -> gke.Cluster:
@@ -179,7 +186,7 @@ def describe(spec: ClusterSpec) -> str:
 def describe_gpu_pool(spec: ClusterSpec) -> str:
     where = f"in {spec.zone}" + (f", on reservation {spec.reservation} (specific)" if spec.reservation else "")
     return (f"node pool {GPU_POOL} ({spec.gpu_nodes} × {spec.machine_type}, {spec.gpus_per_node} × {spec.accelerator}, "
-            f"GKE-installed GPU driver LATEST, {where})")
+            f"GKE-installed GPU driver LATEST, {where}{gke_flex_start.describe(spec.capacity, spec.gpu_nodes)})")
 
 
 def gaps(cluster: gke.Cluster, spec: ClusterSpec) -> list[str]:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from gemma3_ray import gke_cluster, iam_preflight, services
+from gemma3_ray import gke_cluster, gke_flex_start, iam_preflight, services
 from gemma3_ray.deployment import from_args
 from gemma3_ray.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError
 from gemma3_ray.gcp_clients import Clients
@@ -38,7 +38,7 @@ def _container(clients: Clients, apply: bool) -> object | None:
 def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
     dep, clients = from_args(args, clients)
     spec = gke_cluster.spec_from(dep, standard=args.standard, cpu_machine_type=args.cpu_machine_type,
-                                 node_service_account=args.node_service_account)
+                                 node_service_account=args.node_service_account, capacity=args.capacity)
     out(f"GKE cluster for project {spec.project}, region {spec.region}:")
     container = _container(clients, args.apply)
     if container is None:
@@ -166,6 +166,9 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     c.add_argument("--node-service-account", metavar="EMAIL",
                    help="the service account the nodes run as (default: GKE's, the Compute Engine default one); "
                         "it needs roles/container.defaultNodeServiceAccount")
+    c.add_argument("--capacity", choices=gke_flex_start.CAPACITIES, default="none",
+                   help="with --standard, the GPU pool as flex-start VMs or flex-start with queued provisioning "
+                        "(Kueue's ProvisioningRequest; then `gemma3-ray kueue setup --queued`); default: none")
     c.set_defaults(handler=cmd_create)
 
     d = verbs.add_parser("delete", allow_abbrev=False, help="delete the cluster (asks first; --yes to skip)")

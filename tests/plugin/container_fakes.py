@@ -11,6 +11,11 @@ real APIs' semantics where the plugin depends on them:
 - 409 ALREADY_EXISTS on create, 404 NOT_FOUND, 403 PERMISSION_DENIED naming the permission;
 - Autopilot clusters get Workload Identity (``PROJECT.svc.id.goog``) whatever the request says and
   refuse ``node_pools``.
+- a flex-start pool (``config.flex_start``) or a queued-provisioning one (``queued_provisioning``,
+  which also needs flex-start here) is INVALID_ARGUMENT unless it is what GKE's guides require for
+  them (dws-flex-start-training, provisioningrequest): no reservation (NO_RESERVATION), autoscaling
+  on from zero nodes (initial_node_count 0, total_min_node_count 0) with location policy ANY, and
+  auto-repair off.
 Every call is recorded, so tests can assert that a dry run mutated nothing."""
 
 from __future__ import annotations
@@ -25,6 +30,25 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from tests.plugin.gcp_fakes import ALL, _denied
 from tests.plugin.gcp_fakes import _req as _plain
+
+
+def check_pool(pool: gke.NodePool) -> None:
+    """The Container API's refusals of a flex-start / queued-provisioning node pool."""
+    flex, queued = pool.config.flex_start, pool.queued_provisioning.enabled
+    if not (flex or queued):
+        return
+    what = "queued provisioning" if queued else "flex-start"
+    if queued and not flex:
+        raise gexc.InvalidArgument(f"Node pool {pool.name}: queued provisioning needs flex-start (config.flex_start).")
+    if pool.config.reservation_affinity.consume_reservation_type != gke.ReservationAffinity.Type.NO_RESERVATION:
+        raise gexc.InvalidArgument(f"Node pool {pool.name}: {what} needs reservation affinity NO_RESERVATION.")
+    a = pool.autoscaling
+    if not a.enabled or a.total_min_node_count or a.min_node_count or pool.initial_node_count:
+        raise gexc.InvalidArgument(f"Node pool {pool.name}: {what} needs autoscaling enabled from 0 nodes.")
+    if a.location_policy != gke.NodePoolAutoscaling.LocationPolicy.ANY:
+        raise gexc.InvalidArgument(f"Node pool {pool.name}: {what} needs autoscaling location policy ANY.")
+    if pool.management.auto_repair:
+        raise gexc.InvalidArgument(f"Node pool {pool.name}: {what} does not support node auto-repair.")
 
 
 def _req(request: Any, kind: Any = None) -> dict[str, Any]:
@@ -137,6 +161,8 @@ class FakeContainer:
         cluster.current_node_version = self.version
         cluster.self_link = f"https://container.googleapis.com/v1/{name}"
         for pool in cluster.node_pools:
+            check_pool(pool)
+        for pool in cluster.node_pools:
             pool.status = gke.NodePool.Status.PROVISIONING
             pool.version = self.version
         self.clusters[name] = cluster
@@ -181,6 +207,7 @@ class FakeContainer:
             raise gexc.InvalidArgument("Autopilot clusters manage their own node pools.")
         if any(p.name == pool.name for p in cluster.node_pools):
             raise gexc.AlreadyExists(f"Already exists: {parent}/nodePools/{pool.name}.")
+        check_pool(pool)
         self._busy(parent)
         pool.status = gke.NodePool.Status.PROVISIONING
         pool.version = self.version

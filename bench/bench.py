@@ -103,6 +103,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     # the vision tower's encoder layers compiled (static shapes)
     "default_compile": {"compile_vision": "true", "per_device_train_batch_size": 16,
                         "global_batch_size": 64},
+    # the fast recipe with the frozen base weights in FP8 (e4m3, per-channel scales, torch._scaled_mm)
+    "fp8": {"recipe": "fp8", "per_device_train_batch_size": 16, "global_batch_size": 64},
     # explicit flags only (after --)
     "custom": {},
 }
@@ -125,27 +127,31 @@ def prepare(out: Path) -> Path:
 # ------------------------------------------------------------------------------------------------
 # run (GPU)
 # ------------------------------------------------------------------------------------------------
-def ensure_weights(assets: Path, work: Path) -> Path:
-    """Random bf16 weights for the 4B architecture, saved once so the trainer loads them its own way."""
+def ensure_weights(assets: Path, work: Path, layers: tuple[int, int] | None = None) -> Path:
+    """Random bf16 weights for the 4B architecture, saved once so the trainer loads them its own way;
+    `layers` = (language model, vision tower) layers of a reduced copy of it (the FP8 loss comparison)."""
     import shutil
 
     import torch
     from transformers import AutoConfig, Gemma3ForConditionalGeneration
 
-    model_dir = work / "gemma3-4b-random"
+    model_dir = work / ("gemma3-4b-random" if not layers else f"gemma3-4b-random-{layers[0]}x{layers[1]}")
     if (model_dir / "model.safetensors.index.json").exists() or (model_dir / "model.safetensors").exists():
         return model_dir
     t0 = time.time()
     src = assets / "gemma3-4b"
     config = AutoConfig.from_pretrained(src)
+    if layers:
+        config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers = layers
+        config.text_config.layer_types = config.text_config.layer_types[:layers[0]]
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Gemma3ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
-    tmp = work / "gemma3-4b-random.tmp"
+    tmp = model_dir.with_name(model_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     for f in src.iterdir():
-        if f.name != "config.json":
+        if f.name != "config.json" and not (tmp / f.name).exists():
             shutil.copy(f, tmp / f.name)
     del model
     torch.cuda.empty_cache()
@@ -287,7 +293,7 @@ class StepTimer:
 
 def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, steps: int, phase_steps: int,
         out: Path | None, smoke: bool = False, name: str | None = None, epochs: float = 0.0,
-        rows: int = 0) -> dict[str, Any]:
+        rows: int = 0, layers: tuple[int, int] | None = None) -> dict[str, Any]:
     """One recipe: `warmup + steps + phase_steps` optimizer steps, or with `epochs`, that many epochs over
     `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train()."""
     import torch
@@ -298,7 +304,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
 
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)  # as the trainer's workers do
-    res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False}
+    res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False, "layers": layers}
     t0 = time.time()
     try:
         if smoke:  # CPU check of this script: the tiny demo model instead of 4B
@@ -306,7 +312,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
 
             model_dir = build_tiny_gemma3()
         else:
-            model_dir = ensure_weights(assets, work)
+            model_dir = ensure_weights(assets, work, layers)
         processor = AutoProcessor.from_pretrained(model_dir)
         flags = dict(RECIPES[recipe])
         argv = [f"--{k}={v}" for k, v in flags.items()] + list(extra)
@@ -350,7 +356,8 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         res["levers"] = {k: v for k, v in levers.items() if k != "image_feature_cache"}
         if cache is not None:
             res["levers"]["image_feature_cache"] = {"hits": cache.hits, "misses": cache.misses,
-                                                     "gib": round(cache.bytes / 2**30, 2)}
+                                                     "gib": round(cache.bytes / 2**30, 2),
+                                                     "pre_pass": cache.pre_pass}
         samples_per_step = per_step
         tsum = sum(timer.step_times)
         sps = samples_per_step * len(timer.step_times) / tsum
@@ -437,6 +444,7 @@ def main() -> None:
     r.add_argument("--smoke", action="store_true", help="CPU check of the script with the tiny demo model")
     r.add_argument("--epochs", type=float, default=0.0, help="time this many epochs over --rows rows instead")
     r.add_argument("--rows", type=int, default=0, help="rows of the synthetic dataset (default: enough steps)")
+    r.add_argument("--layers", default="", help="LM,vision layers of a reduced 4B model (e.g. 6,6; default: all)")
     r.add_argument("flags", nargs="*", help="extra trainer flags, e.g. --per_device_train_batch_size=12")
     d = sub.add_parser("data", help="write the random 4B weights and N synthetic rows (for bench/e2e_ray.sh)")
     d.add_argument("--assets", type=Path, default=ROOT / ".bench" / "assets")
@@ -453,7 +461,7 @@ def main() -> None:
         print(write_dataset(AutoProcessor.from_pretrained(model_dir), a.work, a.rows))
     else:
         res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name,
-                  a.epochs, a.rows)
+                  a.epochs, a.rows, tuple(int(v) for v in a.layers.split(",")) if a.layers else None)
         sys.exit(0 if res.get("ok") else 1)
 
 

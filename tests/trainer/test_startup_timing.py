@@ -159,3 +159,18 @@ def test_the_demo_summary_shows_every_part_of_the_split() -> None:
     lines = summary_lines({"global_step": 1, "startup": clock.split()}, Path, Path("loss.png"), 30.0, None, "")
     (line,) = [ln for ln in lines if "job start" in ln]
     assert "24.0 s from submission to step 1 (runtime env 3.0, workers 6.0, set-up 11.0, first step 4.0 s)" in line
+
+
+def test_the_workers_row_splits_into_ray_start_worker_set_up_and_imports() -> None:
+    clock = st.StartupClock({"submitted": 0.0, "source": "t", "driver_start": 2.0, "loop_start": 30.0})
+    for name, at in (("worker_process_start", 20.0), ("workers_start", 44.0), ("train_start", 50.0),
+                     ("first_step_end", 55.0)):
+        clock.mark(name, at)
+    s = clock.split()
+    assert (s["workers_ray_s"], s["workers_actor_s"], s["workers_imports_s"]) == (18.0, 10.0, 14.0)
+    assert s["workers_ray_s"] + s["workers_actor_s"] + s["workers_imports_s"] == s["workers_s"]
+    assert s["total_s"] == 55.0 == sum(s[k] or 0.0 for k, _ in st.ROWS)  # the detail is inside the workers row
+    lines = clock.block().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "driver -> Ray Train workers running" in ln)
+    assert [ln.split()[-2] for ln in lines[at + 1:at + 4]] == ["18.0", "10.0", "14.0"]
+    assert "trainer imports" in lines[at + 3]

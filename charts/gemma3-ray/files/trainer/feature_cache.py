@@ -5,7 +5,9 @@ image's features (256 soft tokens x hidden size after the projector) are the sam
 cache keys each image by an exact 128-bit fingerprint of its pixel values (two wrapping integer dot
 products of the raw bits with fixed random weights: the same bits give the same key, and two different
 images collide with probability ~2^-64 per pair), computes only the images it has not seen, and keeps
-the features on the GPU up to a byte budget (then it computes the rest every time).
+the features on the GPU up to a byte budget (then it computes the rest every time). Before the first
+step, one pass over this worker's share of the training rows computes their features in large batches
+(`pre_pass_callback`), so training steps run the language model only.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 GIB = 2**30
 FINGERPRINT_SEED = 20261201
+PRE_PASS_BATCH = 64  # images per SigLIP call in the pre-pass
 
 
 def core_model(model):
@@ -45,6 +48,7 @@ class ImageFeatureCache:
         self.bytes = 0
         self.store: dict[tuple[int, int], Any] = {}
         self.hits = self.misses = 0
+        self.pre_pass: dict[str, Any] = {}
         self._weights: dict[tuple[str, int], Any] = {}
 
     def _w(self, device, n: int):
@@ -105,3 +109,45 @@ def attach(model, max_gib: float) -> ImageFeatureCache:
 
     core.get_image_features = get_image_features
     return cache
+
+
+def pre_pass(cache: ImageFeatureCache, core, dataset, collator, device, rank: int = 0, world_size: int = 1,
+             num_workers: int = 0, batch_size: int = PRE_PASS_BATCH) -> int:
+    """Features of the images of rows rank, rank + world_size, ... of `dataset`, through the cached
+    `core.get_image_features`, `batch_size` images per call; returns how many images it saw."""
+    import torch
+    from torch.utils.data import DataLoader, Subset
+
+    rows = Subset(dataset, range(rank, len(dataset), world_size))
+    loader = DataLoader(rows, batch_size=batch_size, collate_fn=collator, num_workers=num_workers)
+    seen = 0
+    with torch.no_grad():
+        for batch in loader:
+            pixels = batch.get("pixel_values")
+            if pixels is not None and len(pixels):
+                core.get_image_features(pixels.to(device))  # as the Trainer passes them: moved, not cast
+                seen += len(pixels)
+    return seen
+
+
+def pre_pass_callback(cache: ImageFeatureCache, core, trainer, num_workers: int):
+    """A TrainerCallback running `pre_pass` over `trainer`'s training rows once, when training begins."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class PrePass(TrainerCallback):
+        done = False
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if self.done or cache.max_bytes <= 0:
+                return
+            self.done = True
+            t0 = time.perf_counter()
+            seen = pre_pass(cache, core, trainer.train_dataset, trainer.data_collator, args.device,
+                            args.process_index, args.world_size, num_workers)
+            cache.pre_pass = {"images": seen, "computed": cache.misses, "s": round(time.perf_counter() - t0, 2)}
+            if args.process_index == 0:
+                print(f"[trainer] image features before training: {cache.pre_pass}", flush=True)
+
+    return PrePass()

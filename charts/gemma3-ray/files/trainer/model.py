@@ -205,7 +205,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     trainer.model_accepts_loss_kwargs = True
     import speed_levers
 
-    trainer.speed_levers = speed_levers.apply(args, trainer.model)
+    trainer.speed_levers = speed_levers.apply(args, trainer.model, trainer)
     if args.compile_vision:
         # The vision tower sees one image size, so its layers compile once (and share the compiled code);
         # the fused elementwise LoRA work (dropout, scaling, adds, casts) is most of the gain.

@@ -43,6 +43,12 @@ ROWS = (
     ("first_step_s", "first optimizer step (incl. first batch)"),
 )
 _PHASE_KEYS = {MODEL: "model_load_s", DATA: "data_s"}
+# Where the workers row goes (printed under it when known): (key, label, first mark, last mark).
+WORKER_DETAIL = (
+    ("workers_ray_s", "of which: Ray start, placement, worker spawn", "driver_start", "worker_process_start"),
+    ("workers_actor_s", "of which: worker process -> train loop", "worker_process_start", "loop_start"),
+    ("workers_imports_s", "of which: trainer imports (torch, TRL, ...)", "loop_start", "workers_start"),
+)
 
 
 _IMPORTED_AT = time.time()
@@ -117,6 +123,9 @@ class StartupClock:
             out["runtime_env_s"] = driver - submitted
         if driver is not None and workers is not None:
             out["workers_s"] = workers - driver
+        for key, _label, first_mark, last_mark in WORKER_DETAIL:
+            if m.get(first_mark) is not None and m.get(last_mark) is not None:
+                out[key] = m[last_mark] - m[first_mark]
         for name, key in _PHASE_KEYS.items():
             if name in self.phases:
                 out[key] = self.phases[name]
@@ -147,6 +156,8 @@ def block(s: dict[str, Any]) -> str:
             share = f" {100 * value / total:4.0f}%" if total else ""
             text = f"{value:8.1f} s{share}"
         lines.append(f"  {label:<48} {text}")
+        if key == "workers_s":
+            lines += [f"    {sub:<46} {s[k]:8.1f} s" for k, sub, _a, _b in WORKER_DETAIL if s.get(k) is not None]
     return "\n".join(lines)
 
 
@@ -168,9 +179,11 @@ CLOCK = StartupClock()
 
 
 def begin(marks: dict[str, Any] | None) -> StartupClock:
-    """Start this worker process's clock from the driver's marks; marks the workers' start."""
+    """Start this worker process's clock from the driver's marks (and `loop_start`, when the train loop
+    was entered); marks this process's start and the workers' start (the trainer's imports done)."""
     global CLOCK
     CLOCK = StartupClock(marks)
+    CLOCK.mark("worker_process_start", process_start_time())
     CLOCK.mark("workers_start")
     return CLOCK
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     the modules come from the job's working directory, or from the same path as on the driver (the chart
     mounts the trainer at one path on every pod).
     """
+    if isinstance(config.get("startup"), dict):
+        config["startup"]["loop_start"] = time.time()  # the job start split: before the trainer's imports
     if os.path.isdir(config["code_dir"]) and config["code_dir"] not in sys.path:
         sys.path.insert(0, config["code_dir"])
     import quiet_logs

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+import requests  # Ray's Jobs API client raises requests' errors for a refused connection
 
 from demo.chart_job import DemoError
 from demo.job_log import LineSplitter, for_terminal, is_ray_own
@@ -19,6 +22,12 @@ PROGRESS_POLL_S = 2.0
 STATUS_POLL_S = 1.0
 LOG_TAIL_LINES = 60
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+# Submission retries: Ray's job agent starts a moment after the dashboard answers (a loaded machine
+# answers "No available agent to submit job" or a 5xx meanwhile), and a head may refuse connections.
+SUBMIT_DEADLINE_S = 120.0
+SUBMIT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then 4 s until the deadline
+_TRANSIENT = re.compile(r"No available agent to submit job|status code 5\d\d|Connection refused|"
+                        r"Failed to establish a new connection|Max retries exceeded|RemoteDisconnected", re.I)
 # The metrics.jsonl to follow, or a function that finds it (the run's directory appears once the job runs).
 MetricsPath = Path | Callable[[], Path] | None
 
@@ -120,7 +129,7 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
             metrics_path: MetricsPath = None, max_steps: int | None = None,
             on_tick: Callable[[], None] | None = None, metadata: dict[str, str] | None = None) -> JobOutcome:
     """Submit, stream the logs until the job ends, and return its outcome."""
-    submission_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata)
+    submission_id = submit(client, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata)
     print(f"[demo] submitted job {submission_id}; its log follows, without Ray's own logging "
           f"(all of it: {log_path})", flush=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,6 +154,31 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
     wall = (info.end_time - info.start_time) / 1000.0 if info.end_time and info.start_time else None
     uploaded = str((info.runtime_env or {}).get("working_dir") or "")
     return JobOutcome(submission_id, str(info.status), info.message or "", wall, log_path, uploaded)
+
+
+def submit(client, *, deadline_s: float = SUBMIT_DEADLINE_S, say: Callable[[str], None] = print, **job: Any) -> str:
+    """``client.submit_job(**job)``, retried with backoff while the Jobs API answers with a transient
+    error (no job agent yet, a 5xx, connection refused) until ``deadline_s``; then one sentence."""
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return client.submit_job(**job)
+        except (RuntimeError, ConnectionError, OSError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            transient = isinstance(exc, requests.exceptions.ConnectionError) or bool(_TRANSIENT.search(str(exc)))
+            waited = time.monotonic() - start
+            pause = SUBMIT_BACKOFF_S[min(attempt, len(SUBMIT_BACKOFF_S) - 1)]
+            if not transient:
+                raise DemoError(f"the Ray Jobs API refused the job: {first}") from exc
+            if waited + pause > deadline_s:
+                raise DemoError(
+                    f"the Ray Jobs API did not accept the job within {deadline_s:.0f} s ({attempt + 1} attempts; "
+                    f"last answer: {first}): the Ray head is up but its job agent is not; check the head's log "
+                    "(/tmp/ray/session_latest/logs/dashboard_agent.log) and run `make demo` again.") from exc
+            attempt += 1
+            say(f"[demo] the Jobs API is not ready ({first[:120]}); retry {attempt} in {pause:.1f} s")
+            time.sleep(pause)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

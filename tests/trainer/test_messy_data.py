@@ -36,7 +36,9 @@ def test_messy_rows_train_to_the_end_counted(ray_cluster, tiny_model, cache_dir,
     data = Path(shutil.copytree(data.parent, tmp_path / "messy")) / data.name
     vanishing = data.parent / "images" / f"{VANISHING_ROW}.png"
     root = tmp_path / "storage"
-    flags = [*job_flags(tiny_model, data, cache_dir, str(root), STEPS, run_name="messy"), "--eval_fraction=0"]
+    # 6 good rows: global batch 6, every row in each step (8 would not fit them: refused since #21)
+    flags = [*job_flags(tiny_model, data, cache_dir, str(root), STEPS, run_name="messy"), "--eval_fraction=0",
+             "--global_batch_size=6"]
     summary = vision_train.main(flags, callbacks=[RemoveFileOnTrainBegin(str(vanishing))])
     assert summary["completed"] is True and summary["global_step"] == STEPS
     assert summary["skipped_rows"] == BAD_REASONS

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from encoding import LABEL_IGNORE, SampleEncoder
+from epochs import rows_per_epoch
 from flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError, column_mapping
 from node_cache import copy_data_files, node_lock, per_process, read_object
 from scan_store import ScanGroup, scan_key, shared_scan
@@ -350,6 +351,7 @@ def prepare_data(args: TrainArguments, processor, emulator_host: str | None, sca
         "skipped_rows": count_by_reason(skipped),
         "skipped_row_ids": some_row_ids(skipped),
         "scan_reused": reused,
+        **rows_per_epoch(len(train), args.global_batch_size),  # what each epoch trains (epochs.py)
     }
     return train, evaluation, Collator(encoder, image_base, emulator_host, cache, skip_log, train), stats
 

@@ -11,6 +11,7 @@ from typing import Any
 import startup_timing
 from data import prepare_data
 from elastic import BatchShape, split_batch
+from epochs import whole_batches
 from flags import TrainArguments, UsageError
 
 # The tutorial's fixed hyperparameters (QLoRA paper): not flags.
@@ -186,7 +187,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
 
         model = get_peft_model(model, peft_config, autocast_adapter_dtype=False)
         peft_config = None
-    trainer = token_mean_eval(SFTTrainer)(
+    trainer = token_mean_eval(whole_batches(SFTTrainer, batch.global_batch))(  # each row once per epoch
         model=model,
         args=sft_config(args, local_dir, evaluation is not None, batch),
         data_collator=collator,

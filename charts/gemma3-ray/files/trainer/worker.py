@@ -18,6 +18,7 @@ import report_hook
 import startup_timing
 from data import count_by_reason, skipped_line, some_row_ids
 from elastic import describe, split_batch
+from epochs import check_rows, epoch_line
 from flags import TrainArguments, UsageError
 from metrics import RunReporter, build_summary, write_summary
 from model import build_trainer
@@ -94,6 +95,8 @@ def train(config: dict[str, Any]) -> None:
             trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host,
                                                       batch, callbacks, skip_log, ScanGroup.of_ray_worker(storage))
             refresh.trainer, refresh.stats = trainer, stats
+            check_rows(stats["train_rows"], batch.global_batch, f"of {stats['rows']} rows, "
+                       f"{sum(stats['skipped_rows'].values())} skipped, {stats['eval_rows']} held out for eval")
         except UsageError as e:
             if rank == 0:
                 storage.write_bytes(USAGE_ERROR_FILE, str(e).encode())
@@ -101,6 +104,7 @@ def train(config: dict[str, Any]) -> None:
         if rank == 0:
             print(describe(batch, world_size, args.per_device_train_batch_size), flush=True)
             print(f"[data] {json.dumps(stats)}", flush=True)
+            print(epoch_line(stats, batch.global_batch), flush=True)
             line = skipped_line(stats["skipped_rows"], stats["skipped_row_ids"], "in the scan")
             if line:
                 print(line, flush=True)

@@ -1,0 +1,72 @@
+"""Each epoch's rows: a permutation seeded by `seed` and the epoch, cut to whole global batches, so every row
+is trained at most once per epoch and every optimizer step trains exactly `global_batch_size` rows.
+
+The remainder (rows % global batch) is dropped from that epoch, not padded with repeated rows: the next
+epoch's permutation leaves out other rows. Ray Train's workers each take their micro-batches of it in turn
+(accelerate's `BatchSamplerShard`), so optimizer step k trains the permutation's rows k*B .. (k+1)*B-1 on
+any number of workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flags import UsageError
+
+
+def rows_per_epoch(rows: int, global_batch: int) -> dict[str, int]:
+    """What one epoch trains: whole global batches of the training rows; the rest is left out of it."""
+    steps = rows // global_batch
+    return {"rows_per_epoch": steps * global_batch, "rows_left_out_per_epoch": rows - steps * global_batch,
+            "steps_per_epoch": steps}
+
+
+def check_rows(rows: int, global_batch: int, what: str) -> dict[str, int]:
+    """`rows_per_epoch`, or UsageError when not one global batch fits in the training rows."""
+    if rows < global_batch:
+        raise UsageError(f"global_batch_size={global_batch} is more than the {rows} training rows ({what}): "
+                         f"lower --global_batch_size to at most {rows}, or add rows")
+    return rows_per_epoch(rows, global_batch)
+
+
+def epoch_line(epoch: dict[str, int], global_batch: int) -> str:
+    """One log line: how many rows each epoch trains and how many it leaves out."""
+    line = (f"[data] each epoch trains {epoch['rows_per_epoch']} rows: {epoch['steps_per_epoch']} steps of global "
+            f"batch {global_batch}, each row at most once")
+    if epoch["rows_left_out_per_epoch"]:
+        line += (f"; {epoch['rows_left_out_per_epoch']} rows are left out of each epoch (the remainder: other rows "
+                 f"each epoch, as the order is reshuffled per epoch), never repeated")
+    return line
+
+
+class WholeBatchSampler:
+    """The training rows' order for one epoch: `torch.randperm(rows)` seeded by seed + epoch, cut to whole
+    global batches. `set_epoch` is called by the Trainer (and accelerate) at each epoch."""
+
+    def __init__(self, rows: int, global_batch: int, seed: int):
+        self.rows, self.global_batch, self.seed, self.epoch = rows, global_batch, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.rows // self.global_batch * self.global_batch
+
+    def __iter__(self):
+        import torch
+
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        yield from torch.randperm(self.rows, generator=generator)[: len(self)].tolist()
+
+
+def whole_batches(trainer_cls: Any, global_batch: int) -> Any:
+    """`trainer_cls` (a transformers Trainer) whose training rows come from a WholeBatchSampler."""
+
+    class WholeBatches(trainer_cls):
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = train_dataset if train_dataset is not None else self.train_dataset
+            return WholeBatchSampler(len(dataset), global_batch, self.args.data_seed or self.args.seed)
+
+    WholeBatches.__name__ = WholeBatches.__qualname__ = f"WholeBatches{trainer_cls.__name__}"
+    return WholeBatches

@@ -5,6 +5,7 @@ bf16 or 4-bit (QLoRA) loading, the LoRA targets, and an eval loss that is the ex
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,15 @@ def load_model(args: TrainArguments, model_dir: Path, device):
         tower.requires_grad_(False)
         tower.forward = torch.no_grad()(tower.forward)
     return model
+
+
+def _load_model_on(args: TrainArguments, model_dir: Path, device):
+    """load_model in another thread: on `device` as this worker's current CUDA device."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)
+    return load_model(args, model_dir, device)
 
 
 def lora_config(args: TrainArguments):
@@ -169,10 +179,14 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
 
     with startup_timing.phase(startup_timing.MODEL):
         processor = AutoProcessor.from_pretrained(str(model_dir))
-    with startup_timing.phase(startup_timing.DATA):
-        train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group, skip_log)
-    with startup_timing.phase(startup_timing.MODEL):
-        model = load_model(args, model_dir, device)
+    # The weights load (disk -> memory) while the rows are fetched and scanned (CPU): the model phase of the
+    # job start split is then only the wait for the load after the data is ready.
+    with ThreadPoolExecutor(1, thread_name_prefix="load_model") as pool:
+        loading = pool.submit(_load_model_on, args, model_dir, device)
+        with startup_timing.phase(startup_timing.DATA):
+            train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group, skip_log)
+        with startup_timing.phase(startup_timing.MODEL):
+            model = loading.result()
     model_image_token = getattr(model.config, "image_token_id", None)
     if model_image_token is not None and model_image_token != collator.encoder.soft_token_id:
         raise UsageError(

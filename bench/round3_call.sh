@@ -29,15 +29,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 STEPS=(--warmup 1 --steps 3 --phase_steps 1)
 case "${1:-1}" in
   1)
-    log "start fp8_check"; timeout 60 python3 bench/fp8_check.py --out "$OUT/fp8-check.json" >>"$OUT/bench.log" 2>&1 \
+    log "start weights"; timeout 120 python3 bench/bench.py data --rows 1345 >>"$OUT/bench.log" 2>&1 || log "weights failed"
+    log "start fp8_check"; timeout 45 python3 bench/fp8_check.py --out "$OUT/fp8-check.json" >>"$OUT/bench.log" 2>&1 \
       || log "fp8_check failed (rc $?)"
-    row default default 150 "${STEPS[@]}"
-    row fp8 fp8 150 "${STEPS[@]}"
-    row plain_trl plain_trl 150 "${STEPS[@]}"
-    row freeze_vision_3ep freeze_vision 170 --epochs 3 --rows 1345 --warmup 1
-    e2e e2e-call1 150
+    row default default 110 "${STEPS[@]}"
+    row fp8 fp8 110 "${STEPS[@]}"
+    row plain_trl plain_trl 110 "${STEPS[@]}"
+    row freeze_vision_3ep freeze_vision 160 --epochs 3 --rows 1345 --warmup 1
+    e2e e2e-call1 140
     ;;
   2)
+    log "start weights"; timeout 120 python3 bench/bench.py data --rows 700 >>"$OUT/bench.log" 2>&1 || log "weights failed"
     row tutorial tutorial 120 "${STEPS[@]}"
     row default default 120 "${STEPS[@]}"
     row default_compile default_compile 130 "${STEPS[@]}"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gemma3_ray import __version__, tokens
+from gemma3_ray import __version__, errors, tokens
 from gemma3_ray.deployment import Deployment, from_args
 from gemma3_ray.errors import EXIT_FAILURE, UserError
 from gemma3_ray.gcp_clients import Clients
@@ -155,11 +155,26 @@ def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> i
     try:
         return handler(args, clients)
     except UserError as exc:
-        print(f"gemma3-ray: error: {tokens.scrub(str(exc))}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         print("gemma3-ray: interrupted", file=sys.stderr)
         return EXIT_FAILURE
+    except Exception as exc:  # every other error: a connection error in one sentence, else a bug
+        net = errors.unreachable(exc)
+        if net is not None:
+            return _fail(str(net), EXIT_FAILURE)
+        from gemma3_ray import bug_report
+
+        try:
+            path = bug_report.write(exc, list(sys.argv[1:] if argv is None else argv))
+        except OSError:
+            path = None
+        return _fail(bug_report.sentence(exc, path), errors.EXIT_BUG)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"gemma3-ray: error: {tokens.scrub(message)}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

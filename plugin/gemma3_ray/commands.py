@@ -130,6 +130,11 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     helm = release.client(args.kubeconfig, args.kube_context)
     objects = release.template(helm, dep.release, chart, values, dep.namespace)
     _out(f"Chart {chart.name} renders with these values ({len(objects)} objects; schema and templates checked).")
+    from gemma3_ray import cluster, kuberay_crd
+
+    # KubeRay before 1.5.1/1.6.0 would silently drop (or break on) some values: refuse them first.
+    _out(kuberay_crd.check_before_install(cluster.load_config(args.kubeconfig, args.kube_context).ApiextensionsV1Api(),
+                                          values))
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)

@@ -66,14 +66,14 @@ def check_crds(kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
             if report.missing_required:
                 out.append(Check(name, False, f"too old, lacks {', '.join(report.missing_required)}: upgrade KubeRay"))
                 continue
-            known = [f"{f.path} ({f.values_key})" for f in kuberay_crd.OPTIONAL_FIELDS if report.supports(f.path)]
-            unknown = [f"{f.path} ({f.values_key})" for f in kuberay_crd.OPTIONAL_FIELDS if not report.supports(f.path)]
-            detail = f"v1 served; newer fields known: {', '.join(known) or 'none'}"
+            known = [f.values_key for f in kuberay_crd.OPTIONAL_FIELDS if report.supports(f.path)]
+            unknown = [f"{f.values_key} ({f.since}+)" for f in kuberay_crd.OPTIONAL_FIELDS if not report.supports(f.path)]
+            detail = f"v1 served; values newer than KubeRay 1.4 it supports: {', '.join(known) or 'none'}"
             if unknown:
-                detail += f"; not known, leave their values unset: {', '.join(unknown)}"
-            bad = kuberay_crd.unsupported_values(report, values or {})
+                detail += f"; not known, keep these values at their defaults: {', '.join(unknown)}"
+            bad = kuberay_crd.refusals(report, values or {})
             if bad:
-                out.append(Check(name, False, "your values use fields this KubeRay lacks: " + "; ".join(bad)))
+                out.append(Check(name, False, "; ".join(bad)))
             else:
                 out.append(Check(name, True, detail))
         else:

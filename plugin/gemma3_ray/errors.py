@@ -14,6 +14,7 @@ from google.api_core import exceptions as gexc
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_BUG = 70  # EX_SOFTWARE: an error in the plugin itself
 
 
 class UserError(Exception):
@@ -152,10 +153,55 @@ def translate(exc: Exception, action: str, resource: str) -> UserError:
     if isinstance(exc, gexc.NotFound):
         return NotFound(f"Could not {action} {resource}: Google Cloud answered 404 (it does not exist, or this "
                         "endpoint does not serve it); check the name, or run `gemma3-ray prereqs` to create it.")
+    if isinstance(exc, gexc.RetryError):
+        cause = exc.cause
+        if isinstance(cause, gexc.GoogleAPICallError):
+            detail = f"{cause.code} {_first_line(cause.message or '')}".strip()
+            return UserError(f"Could not {action} {resource}: Google answered {detail}, and the client retried until "
+                             f"it gave up ({_first_line(exc.message or '')}); {_fix_for(cause)}.")
+        if cause is not None and (net := unreachable(cause)) is not None:
+            return UserError(f"{str(net).rstrip('.')} (retried until the client gave up: {_first_line(exc.message or '')}).")
+        return UserError(f"Could not {action} {resource}: the client retried until it gave up "
+                         f"({_first_line(exc.message or '')}); try again in a minute.")
     if isinstance(exc, gexc.GoogleAPICallError):
         detail = f"{exc.code} {_first_line(exc.message or '')}".strip()
         return UserError(f"Could not {action} {resource}: {detail}; {_fix_for(exc)}.")
-    return UserError(f"Could not {action} {resource}: {_first_line(str(exc))}; check your network and try again.")
+    net = unreachable(exc)
+    if net is not None:
+        return net
+    return UserError(f"Could not {action} {resource}: {type(exc).__name__}: {_first_line(str(exc))}; this is a bug, "
+                     "please report it.")
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """A failure to talk to a server at all (refused, reset, DNS, TLS, timeout), from any client library."""
+    import requests
+    import urllib3
+    from google.auth import exceptions as auth_exc
+
+    return isinstance(exc, (urllib3.exceptions.HTTPError, requests.exceptions.RequestException,
+                            auth_exc.TransportError, ConnectionError, TimeoutError)) or (
+        type(exc).__name__ == "ApiException" and getattr(exc, "status", None) == 0)
+
+
+def unreachable(exc: BaseException) -> UserError | None:
+    """A connection error as one sentence with the fix (None: not one). urllib3's own errors come from the
+    kubernetes client (the Google clients wrap theirs in requests' or google.auth's)."""
+    import urllib3
+
+    if not is_transport_error(exc):
+        return None
+    why = _first_line(str(getattr(exc, "reason", None) or exc))
+    why = "connection refused" if "refused" in why.lower() else why.split(": ", 1)[-1][:160]
+    if isinstance(exc, urllib3.exceptions.HTTPError) or type(exc).__name__ == "ApiException":
+        pool = getattr(exc, "pool", None)
+        where = f" at {pool.host}:{pool.port}" if pool is not None else ""
+        return ClusterError(
+            f"Cannot reach the Kubernetes API server{where} ({why}): check that the cluster is up and that the kube "
+            "context is the right one (`kubectl config current-context`; `gcloud container clusters get-credentials "
+            "CLUSTER --location LOCATION` writes it), or pass --kube-context/--kubeconfig; then run this again.")
+    return UserError(f"Cannot reach Google Cloud ({why}): check your network (and HTTPS_PROXY, if you use one), "
+                     "then run this again.")
 
 
 def _first_line(text: str) -> str:
@@ -213,6 +259,8 @@ def call_google(action: str, resource: str, fn: Callable[[], Any], *, not_found:
     the caller's answer (exists already, gone meanwhile). ``explain`` may give a caller's own sentence
     for an error (None: the general translation).
     """
+    from google.auth import exceptions as auth_exc
+
     passthrough = (*expect, *((gexc.NotFound,) if not_found else ()))
     try:
         return fn()
@@ -226,4 +274,6 @@ def call_google(action: str, resource: str, fn: Callable[[], Any], *, not_found:
             raise mine from exc
         if isinstance(exc, gexc.NotFound):
             raise translate(gexc.NotFound(resource), action, resource) from None
+        if not isinstance(exc, gexc.GoogleAPIError | auth_exc.GoogleAuthError) and not is_transport_error(exc):
+            raise  # not Google's answer: a bug in the plugin, reported as one by the CLI
         raise translate(exc, action, resource) from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,19 @@ DEFAULT_CHART = Path(__file__).resolve().parents[2] / "charts" / "gemma3-ray"
 HELM_TIMEOUT = "10m"
 
 
+class MissingBinary(UserError):
+    """A program the command runs is not installed (or not on PATH)."""
+
+
 def helm_executable() -> str:
-    """The helm that runs us as a plugin ($HELM_BIN), else $HELM, else helm on PATH."""
-    return os.environ.get("HELM_BIN") or os.environ.get("HELM") or "helm"
+    """The helm that runs us as a plugin ($HELM_BIN), else $HELM, else helm on PATH (checked before use)."""
+    exe = os.environ.get("HELM_BIN") or os.environ.get("HELM") or "helm"
+    found = shutil.which(exe)
+    if found is None:
+        raise MissingBinary(f"helm is not on PATH{f' (looked for {shown(exe)})' if exe != 'helm' else ''}: install Helm "
+                            "3.8 or newer (https://helm.sh/docs/intro/install/), or set $HELM_BIN to its path; "
+                            "nothing was changed.")
+    return found
 
 
 def client(kubeconfig: str | None, context: str | None) -> Any:

@@ -73,8 +73,15 @@ def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) 
     assert by_name["rayjobs.ray.io"].ok is knows_deadline
     if not knows_deadline:
         detail = by_name["rayjobs.ray.io"].detail
-        assert "rayJob.preRunningDeadlineSeconds (needs KubeRay 1.5+; set it to null)" in detail
-        assert "rayTokenAuth (needs KubeRay 1.5.1+; set it to false)" in detail
+        assert "rayJob.preRunningDeadlineSeconds needs KubeRay 1.6.0 or newer" in detail
+        assert "set rayJob.preRunningDeadlineSeconds to null" in detail
+        assert "rayTokenAuth needs KubeRay 1.5.1 or newer" in detail and "set rayTokenAuth to false" in detail
+    # KubeRay 1.4.2's head probes hard-code 8265 (initLivenessAndReadinessProbe): another port is refused there.
+    port = {c.name: c for c in doctor.check_crds(kube, {"service": {"dashboardPort": 8266}})}["rayjobs.ray.io"]
+    assert port.ok is knows_deadline
+    if not knows_deadline:
+        assert "service.dashboardPort needs KubeRay 1.6.0 or newer" in port.detail and "8265" in port.detail
+    assert {c.name: c for c in doctor.check_crds(kube, {"service": {"dashboardPort": 8265}})}["rayjobs.ray.io"].ok
 
 
 @pytest.mark.usefixtures("driver_maps")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from gemma3_ray import cli, names
 from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder, storage_client
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 from tests.plugin.kube_apiserver import kubectl
+from tests.plugin.kube_fakes import crds_dir
 from tests.plugin.test_prereqs import _clients
 
 HELMS = {"helm4": os.environ.get("HELM", str(ROOT / ".tools/bin/helm")),
@@ -77,3 +79,50 @@ def test_up_installs_the_release_with_its_own_identity(
     listed = subprocess.run([HELMS["helm4"], "list", "-q", "-n", ns, "--kubeconfig", str(kube_apiserver)],
                             capture_output=True, text=True, timeout=60)
     assert listed.stdout.split() == ["gemma3-ray"]
+
+
+@pytest.fixture
+def kuberay_142(kube_apiserver: Path) -> Iterator[Path]:
+    """The session's API server serving KubeRay 1.4.2's CRDs for one test (1.7.0's again after it)."""
+    def use(version: str) -> None:
+        kubectl(kube_apiserver, "apply", "--server-side", "--force-conflicts", "-f", str(crds_dir() / version))
+        kubectl(kube_apiserver, "wait", "--for", "condition=established", "--timeout=60s", "crd/rayjobs.ray.io")
+
+    use("v1.4.2")
+    try:
+        yield kube_apiserver
+    finally:
+        use("v1.7.0")
+
+
+@pytest.mark.parametrize(("values", "named", "version"), [
+    ("rayTokenAuth: true\n", "rayTokenAuth", "KubeRay 1.5.1"),
+    ("rayJob:\n  preRunningDeadlineSeconds: 600\n", "rayJob.preRunningDeadlineSeconds", "KubeRay 1.6.0"),
+    ("service:\n  dashboardPort: 8266\n", "service.dashboardPort", "KubeRay 1.6.0"),
+])
+def test_up_refuses_values_kuberay_142_would_drop_before_changing_anything(
+    kuberay_142: Path, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], values: str, named: str, version: str,
+) -> None:
+    """KubeRay 1.4.2's CRDs prune spec.rayClusterSpec.authOptions and spec.preRunningDeadlineSeconds (a
+    warning only), and its head probes hard-code 8265 (issue #19, failure 5): `up` reads the served CRD
+    and refuses, naming the value and the KubeRay it needs, before any change."""
+    ns = f"up-old-{named.split('.')[-1].lower()}"
+    kubectl(kuberay_142, "create", "namespace", ns)
+    monkeypatch.setenv("HELM", HELMS["helm3"])
+    monkeypatch.delenv("HELM_BIN", raising=False)
+    extra = tmp_path / "mine.yaml"
+    extra.write_text(values)
+    values_file = tmp_path / "v.yaml"
+    values_file.write_text("# mine\n")
+    rec = Recorder()
+    rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kuberay_142), "--values-file", str(values_file),
+                   "-f", str(extra)], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "\n" not in err, err
+    assert f"{named} needs {version} or newer" in err and "nothing was changed" in err, err
+    assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert values_file.read_text() == "# mine\n"
+    listed = subprocess.run([HELMS["helm3"], "list", "-q", "-n", ns, "--kubeconfig", str(kuberay_142)],
+                            capture_output=True, text=True, timeout=60)
+    assert listed.stdout.split() == []

@@ -127,7 +127,7 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     path = Path(args.values_file or f"{dep.release}-values.yaml")
     text = render.render(dep, render.load(path))
     values = [render.parse_plain(text, path)] + [_load_values(f) for f in args.extra_values or []]
-    helm = release.client(args.kubeconfig, args.kube_context)
+    helm = release.client(args.kubeconfig, args.kube_context)  # helm on PATH, checked before anything is written
     objects = release.template(helm, dep.release, chart, values, dep.namespace)
     _out(f"Chart {chart.name} renders with these values ({len(objects)} objects; schema and templates checked).")
     from gemma3_ray import cluster, kuberay_crd

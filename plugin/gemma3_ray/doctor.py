@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gemma3_ray import bucket_setup, cluster, doctor_gke, kuberay_crd, names, prereqs
 from gemma3_ray.checks import Check, guard
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import UserError, call_google
+from gemma3_ray.errors import UserError, call_google, unreachable
 from gemma3_ray.gcp_clients import Clients
 
 WI_ANNOTATION = "iam.gke.io/gcp-service-account"
@@ -182,13 +183,23 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
 
 def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
     names.project_id(dep.project)
-    return [
-        check_auth(dep, clients),
-        check_context(dep, kube),
-        *doctor_gke.checks(dep, clients, values),
-        *check_crds(kube, values),
-        check_hf_secret(dep, kube),
-        check_bucket(dep, clients),
-        check_bucket_grants(dep, clients),
-        *check_workload_identity(dep, clients, kube),
+    groups: list[tuple[str, Callable[[], list[Check]]]] = [
+        ("gcloud auth", lambda: [check_auth(dep, clients)]),
+        ("kube context", lambda: [check_context(dep, kube)]),
+        ("GKE cluster", lambda: doctor_gke.checks(dep, clients, values)),
+        ("KubeRay CRDs", lambda: check_crds(kube, values)),
+        ("Hugging Face Secret", lambda: [check_hf_secret(dep, kube)]),
+        ("bucket", lambda: [check_bucket(dep, clients)]),
+        ("bucket grants", lambda: [check_bucket_grants(dep, clients)]),
+        ("Workload Identity", lambda: check_workload_identity(dep, clients, kube)),
     ]
+    out: list[Check] = []
+    for name, run in groups:
+        try:
+            out += run()
+        except Exception as exc:  # a server that cannot be reached fails its checks, never the report
+            net = unreachable(exc)
+            if net is None:
+                raise
+            out.append(Check(name, False, str(net)))
+    return out

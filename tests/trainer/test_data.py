@@ -296,3 +296,40 @@ def test_a_row_that_fails_in_the_collator_is_skipped_not_fatal(tiny_model, proce
     logged = [json.loads(line) for line in skip_log.read_text().splitlines()]
     assert logged == [{"row": 1, "reason": "missing_image"}, {"row": 2, "reason": "corrupt_image"},
                       {"row": 1, "reason": "missing_image"}]
+
+
+def test_a_dataset_fixed_in_place_is_scanned_again(tiny_model, processor, cache_dir, tmp_path) -> None:
+    """#21: row 24 has a truncated JPEG and bad_rows=fail stops the run on it; fixed in place (same file, row
+    count and columns), the rerun of the same run passes: the run's stored scan is keyed by the data's
+    identity (here a digest of the file, as run_definition's), and a scan that stopped the run is not kept.
+    Before #21 the rerun failed again on `row 24: corrupt_image`; under skip it kept skipping the row."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from tests.trainer.messy import truncated_jpeg
+
+    source = build_sample_dataset(tmp_path / "good", n_rows=30, seed=2)
+    rows, schema = pq.read_table(source).to_pylist(), pq.read_schema(source)
+    good = rows[24]["image"]["bytes"]
+    data = tmp_path / "data" / "products.parquet"
+    data.parent.mkdir()
+    run = Storage(root=str(tmp_path / "runs" / "r"))
+
+    def write(image: bytes) -> ScanGroup:
+        rows[24]["image"] = {"bytes": image, "path": None}
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), data)
+        group = ScanGroup(run)
+        group.data_identity = hashlib.sha256(data.read_bytes()).hexdigest()
+        return group
+
+    strict = job_args(tiny_model, data, cache_dir, "--bad_rows=fail", "--eval_fraction=0")
+    with pytest.raises(UsageError, match=r"^row 24: corrupt_image"):
+        prepare_data(strict, processor, None, scan_group=write(truncated_jpeg(good)))
+    _, _, _, stats = prepare_data(strict, processor, None, scan_group=write(good))
+    assert stats["train_rows"] == 30 and not stats["skipped_rows"]
+    lenient = job_args(tiny_model, data, cache_dir, "--eval_fraction=0")
+    _, _, _, stats = prepare_data(lenient, processor, None, scan_group=write(truncated_jpeg(good)))
+    assert stats["skipped_row_ids"] == {"corrupt_image": [24]} and not stats["scan_reused"]
+    _, _, _, stats = prepare_data(lenient, processor, None, scan_group=write(good))
+    assert stats["train_rows"] == 30 and not stats["skipped_rows"] and not stats["scan_reused"]

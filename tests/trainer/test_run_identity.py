@@ -113,7 +113,8 @@ def test_e_resume_from_continues_another_run(ray_cluster, tiny_model, data, cach
     first_summary = (root / "runs" / first / "summary.json").read_text()
     summary = vision_train.main(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "third", f"--resume_from={first}"))
     checkpoint = root / "runs" / first / "checkpoints" / f"checkpoint-{FIRST_STEPS:06d}"
-    assert first_line(capsys) == f"resuming third from step {FIRST_STEPS} (--resume_from={first}: checkpoint {checkpoint})"
+    assert first_line(capsys) == (f"resuming third from step {FIRST_STEPS} (--resume_from={first}: checkpoint "
+                                  f"{checkpoint}; with new settings: max_steps {FIRST_STEPS} → {LONGER_STEPS})")
     assert summary["resumed_from_step"] == FIRST_STEPS and summary["global_step"] == LONGER_STEPS
     third = records((root / "runs" / "third" / "metrics.jsonl").read_text())
     second = {r["step"]: r["loss"] for r in records((root / "runs" / "second" / "metrics.jsonl").read_text())
@@ -134,7 +135,8 @@ def test_f_resume_from_a_checkpoint_path_or_a_missing_run(tiny_model, data, cach
                                f"--resume_from={checkpoint}"))
     plan = plan_run(args, storage_for(args))
     assert plan.resume_checkpoint == str(checkpoint) and plan.finished is None
-    assert plan.log_line == f"resuming fourth from step {FIRST_STEPS} (--resume_from={checkpoint}: checkpoint {checkpoint})"
+    assert plan.log_line == (f"resuming fourth from step {FIRST_STEPS} (--resume_from={checkpoint}: checkpoint "
+                             f"{checkpoint}; with new settings: max_steps {FIRST_STEPS} → {LONGER_STEPS})")
     args = parse_args(flags(tiny_model, data, cache_dir, root, LONGER_STEPS, "fifth", "--resume_from=nope"))
     with pytest.raises(UsageError, match=r"resume_from=nope: no checkpoint of that run .*runs there: \[.*'second'"):
         plan_run(args, storage_for(args))

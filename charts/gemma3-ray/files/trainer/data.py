@@ -58,8 +58,9 @@ def data_files(name: str, local: Path) -> tuple[list[Path], str]:
     return files, kinds.pop()
 
 
-def load_rows(args: TrainArguments, emulator_host: str | None = None):
-    """(raw rows as a memory-mapped `datasets.Dataset` with images not decoded, base of relative image paths)."""
+def load_rows(args: TrainArguments, emulator_host: str | None = None, version: str = ""):
+    """(raw rows as a memory-mapped `datasets.Dataset` with images not decoded, base of relative image paths).
+    `version`: the data's identity; a gs:// dataset's node copy is made again when it changes."""
     import datasets
 
     cache = cache_root(args)
@@ -71,7 +72,7 @@ def load_rows(args: TrainArguments, emulator_host: str | None = None):
         return ds, "."
     if name.startswith("gs://"):  # the data files only: the images stay in the bucket, fetched per row
         try:
-            local = copy_data_files(name, cache, gcs(emulator_host), set(DATA_SUFFIXES))
+            local = copy_data_files(name, cache, gcs(emulator_host), set(DATA_SUFFIXES), version)
         except FileNotFoundError as e:
             raise UsageError(f"dataset_name: {name} does not exist") from e
     else:
@@ -282,7 +283,7 @@ def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str
 
     # Every worker scans its share and gets the merged verdict, so bad_rows=fail stops all of them at
     # once (a worker that stopped alone would leave the others waiting for its share).
-    result = shared_scan(group or ScanGroup(None), key, len(ds), scan)
+    result = shared_scan(group or ScanGroup(None), key, len(ds), scan, keep_bad=args.bad_rows != "fail")
     if args.bad_rows == "fail" and result.skipped:
         row = min(result.skipped)
         problem = result.skipped[row]
@@ -333,13 +334,14 @@ def prepare_data(args: TrainArguments, processor, emulator_host: str | None, sca
     workers, to scan once per run (see clean_rows); gs:// images go through the node cache. The collator
     logs the rows it has to skip to `skip_log`."""
     mapping = column_mapping(args)
-    raw, image_base = load_rows(args, emulator_host)
+    raw, image_base = load_rows(args, emulator_host, scan_group.data_identity if scan_group else "")
     check_schema(list(raw.column_names), mapping, args.dataset_name)
     rows = canonical_rows(raw, mapping)
     encoder = SampleEncoder(processor, args)
     cache = cache_root(args)
-    # What a row's verdict depends on, the same on every node (no local paths or times).
-    key = scan_key(dataset=args.dataset_name, rows=len(raw), columns=raw.column_names, mapping=mapping,
+    # What a row's verdict depends on, the same on every node (no local paths or times): the data's identity
+    # (its files' content or generations, from the driver), the rules and the settings.
+    key = scan_key(dataset=args.dataset_name, data=scan_group.data_identity if scan_group else "", rows=len(raw), columns=raw.column_names, mapping=mapping,
                    prompt=args.prompt_template, system=args.system_message, max_seq_length=args.max_seq_length,
                    bad_rows=args.bad_rows, vocab=len(processor.tokenizer), rules=SCAN_RULES)
     rows, skipped, reused = clean_rows(rows, encoder, args, image_base, emulator_host, cache, scan_group, key)

@@ -197,6 +197,23 @@ class TrainArguments:
                                        "at each evaluation either way).")
 
 
+# The flags that may change when a run restarts (a retry, a resize, a new job with the same --run_name)
+# without making it another run: where it lives and what it is called, reporting and checkpoint cadence,
+# the workers (the global batch is exact on every worker count), speed levers with the same arithmetic,
+# and what happens after training. Every other flag, and the data's content, defines the run
+# (run_definition.py): a restart with another value is refused, naming it.
+RESTART_FREE = (
+    "output_dir", "gcs_bucket", "storage_path", "run_name", "resume_from",
+    "logging_steps", "eval_steps", "save_strategy", "save_steps", "save_total_limit",
+    "num_workers", "min_workers", "per_device_train_batch_size", "accelerator_type", "installer", "extra_pip",
+    "max_failures", "cache_dir", "dataloader_num_workers",
+    "recipe", "attn_implementation", "gradient_checkpointing", "use_liger_kernel", "compile_vision", "fused_lora",
+    "vision_attention", "image_feature_cache_gib",
+    "push_to_hub", "hub_model_id", "merge_adapter", "sample_rows", "sample_max_new_tokens", "sample_batch_size",
+    "sample_time_budget_s", "sample_at_eval",
+)
+
+
 class UsageError(ValueError):
     """A flag or an input the user has to fix; the message says which and how."""
 

@@ -96,12 +96,13 @@ def read_object(uri: str, cache: Path, fs_for: FilesystemFor) -> bytes | None:
         return None
 
 
-def copy_data_files(uri: str, cache: Path, fs_for: FilesystemFor, suffixes: set[str]) -> Path:
+def copy_data_files(uri: str, cache: Path, fs_for: FilesystemFor, suffixes: set[str], version: str = "") -> Path:
     """A local mirror of the files under the gs:// prefix (or the one file) `uri` whose suffix is in
-    `suffixes`, made once per node; files with other suffixes (images) are left in the bucket."""
+    `suffixes`, made once per node and `version` (the objects' generations: changed data is copied again);
+    files with other suffixes (images) are left in the bucket."""
     import pyarrow.fs as pafs
 
-    dest = cache / PREFIXES_DIR / _digest(uri)[:16]
+    dest = cache / PREFIXES_DIR / _digest(f"{uri}#{version}" if version else uri)[:16]
     with _stripe_lock(cache, f"prefix:{uri}"):
         if not (dest / COMPLETE_MARKER).exists():
             fs, path = fs_for(uri)

@@ -99,3 +99,23 @@ def choose_checkpoint(config: dict[str, Any], storage: Storage, stack: contextli
         raise UsageError(f"no checkpoint of this run loads ({tried}); continue from a good one with "
                            "--resume_from=<checkpoint path> in a new run")
     return resume
+
+
+def current_flags_callback():
+    """A TrainerCallback: after a resume, this job's flags win over what the checkpoint saved. The Trainer
+    restores the checkpoint's logging/eval/save cadence (TrainerState) and its learning rate (the optimizer's
+    param groups and the constant schedule's base_lrs): a restart that changed the cadence, or a
+    continuation (--resume_from) with another learning_rate, would otherwise keep the old values."""
+    from transformers import TrainerCallback
+
+    class CurrentFlags(TrainerCallback):
+        def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+            state.compute_steps(args, state.max_steps)
+            if optimizer is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = group["initial_lr"] = args.learning_rate
+            schedule = getattr(lr_scheduler, "scheduler", lr_scheduler)
+            if schedule is not None and hasattr(schedule, "base_lrs"):
+                schedule.base_lrs = [args.learning_rate] * len(schedule.base_lrs)
+
+    return CurrentFlags()

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import run_definition
 from flags import TrainArguments, UsageError, is_checkpoint_path
 from storage import Storage, filesystem, storage_at
 
@@ -126,10 +127,13 @@ class RunPlan:
     resume_checkpoint: str | None  # another run's checkpoint, used when this run has none of its own
     log_line: str  # the driver's first line
     finished: dict[str, Any] | None  # the summary of a completed run (nothing to train)
+    definition: dict[str, Any] | None = None  # what defines the run (run_definition.py), recorded at its start
 
 
 def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
-    """Name the run, and decide: fresh, resume within the run, continue another run, or already finished."""
+    """Name the run, and decide: fresh, resume within the run, continue another run, or already finished.
+    A restart whose definition (data, flags other than RESTART_FREE) differs from the one the run recorded
+    at its start is refused, naming what changed and the two ways on."""
     named = args.run_name is not None
     name = args.run_name or new_run_name(root)
     run = root.child(f"{RUNS_DIR}/{name}")
@@ -138,12 +142,20 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
     if summary and summary.get("completed"):
         line = f"run {name} already finished at step {summary.get('global_step')}; nothing to train"
         return RunPlan(name, run, None, line, summary)
+    new = run_definition.definition(args, storage_at(args.dataset_name).emulator_host)
+    old = run_definition.read(run)
+    changed = run_definition.changes(old, new) if old is not None else []
     own = registered_checkpoints(run)
     if own:
+        if changed:
+            raise UsageError(
+                f"run {name} was started with other settings ({run_definition.changes_text(changed)}): start a new "
+                f"run with --run_name=<new name>, or continue this run's checkpoint with the new settings with "
+                f"--run_name=<new name> --resume_from={name}")
         step, uri, broken = newest_intact(own, run.emulator_host, f"run {name}")
         newest = "newest intact" if broken else "newest"
         return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its {newest} "
-                                        f"checkpoint {uri}{broken})", None)
+                                        f"checkpoint {uri}{broken})", None, old or new)  # a run of before #21: new
     if args.resume_from:
         if is_checkpoint_path(args.resume_from):
             uri = args.resume_from.rstrip("/")
@@ -160,9 +172,17 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
                 raise UsageError(f"resume_from={args.resume_from}: no checkpoint of that run under "
                                  f"{root.uri(RUNS_DIR, args.resume_from)}; runs there: {root.list_dir(RUNS_DIR)}")
             step, uri, broken = newest_intact(other, root.emulator_host, f"run {args.resume_from}")
+        origin = run_definition.read(storage_at(uri.rsplit("/", 2)[0]))  # <run>/checkpoints/<checkpoint>
+        differ = run_definition.changes(origin, new) if origin is not None else []
+        new["continued_from"] = {"checkpoint": uri, "step": step, "changes": differ}
+        settings = (f"; with new settings: {run_definition.changes_text(differ)}" if differ
+                    else "; its run recorded no definition" if origin is None else "")
         return RunPlan(name, run, uri, f"resuming {name} from step {step} (--resume_from={args.resume_from}: "
-                                       f"checkpoint {uri}{broken})", None)
+                                       f"checkpoint {uri}{broken}{settings})", None, new)
     why = "" if named else " (no --run_name given: named from the UTC time)"
-    return RunPlan(name, run, None, f"fresh run {name}{why}", None)
+    if changed:  # an earlier attempt of this run that left no checkpoint: nothing of it is kept
+        why = f" (its earlier attempt left no checkpoint; started again with new settings: " \
+              f"{run_definition.changes_text(changed)})"
+    return RunPlan(name, run, None, f"fresh run {name}{why}", None, new)
 
 

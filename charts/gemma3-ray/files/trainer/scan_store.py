@@ -79,20 +79,26 @@ class ScanGroup:
     world_size: int = 1
     barrier: Callable[[], None] = lambda: None
     broadcast: Callable[[Any], Any] = lambda value: value
+    # The data's identity (run_definition: its files' content or generations), part of the scan's key: a
+    # changed dataset is scanned again.
+    data_identity: str = ""
 
     @classmethod
-    def of_ray_worker(cls, files: RunFiles) -> ScanGroup:
+    def of_ray_worker(cls, files: RunFiles, data_identity: str = "") -> ScanGroup:
         """This Ray Train worker's group (call inside train_loop_per_worker)."""
         import ray.train
         from ray.train.collective import barrier, broadcast_from_rank_zero
 
         ctx = ray.train.get_context()
-        return cls(files, ctx.get_world_rank(), ctx.get_world_size(), barrier, broadcast_from_rank_zero)
+        return cls(files, ctx.get_world_rank(), ctx.get_world_size(), barrier, broadcast_from_rank_zero,
+                   data_identity)
 
 
-def shared_scan(group: ScanGroup, key: str, rows: int, scan: Callable[[range], dict[int, str]]) -> ScanResult:
+def shared_scan(group: ScanGroup, key: str, rows: int, scan: Callable[[range], dict[int, str]],
+                keep_bad: bool = True) -> ScanResult:
     """The run's scan: read back when the run has one for `key`; else every rank scans its share
-    (`scan(block) -> {row: reason}` for the bad rows of the block), rank 0 merges and stores it.
+    (`scan(block) -> {row: reason}` for the bad rows of the block), rank 0 merges and stores it; with
+    `keep_bad` False (bad_rows=fail) a scan that found bad rows is not stored: the next attempt checks again.
 
     Every rank of the group calls this.
     """
@@ -116,5 +122,6 @@ def shared_scan(group: ScanGroup, key: str, rows: int, scan: Callable[[range], d
                 raise RuntimeError(f"scan part of rank {r} is missing or unreadable")
             skipped.update(got.skipped)
         merged = ScanResult(key=key, rows=rows, skipped=skipped)
-        files.write_bytes(SCAN_FILE, merged.to_json())
+        if keep_bad or not skipped:
+            files.write_bytes(SCAN_FILE, merged.to_json())
     return broadcast(merged)

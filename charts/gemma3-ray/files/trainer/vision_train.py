@@ -36,6 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import run_definition
 import run_report
 import startup_timing
 from data import check_dataset_before_download
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
 
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)
+    run_definition.write(storage, plan.definition)  # what defines the run, compared at every restart
     if storage.exists(USAGE_ERROR_FILE):  # from an earlier attempt of this run; the inputs may be fixed now
         fs.delete_file(f"{base}/{USAGE_ERROR_FILE}")
     trainer = DataParallelTrainer(
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             "storage": asdict(storage),
             "run_name": plan.name,
             "resume_checkpoint": plan.resume_checkpoint,
+            "definition": plan.definition,
             "code_dir": CODE_DIR,
             "callback_factories": list(callbacks or []),
             "startup": startup_timing.driver_marks(),  # submission time and driver start, for the split

@@ -22,7 +22,7 @@ from epochs import check_rows, epoch_line
 from flags import TrainArguments, UsageError
 from metrics import RunReporter, build_summary, write_summary
 from model import build_trainer
-from resume import choose_checkpoint
+from resume import choose_checkpoint, current_flags_callback
 from runs import FINAL_DIR, MERGED_DIR, TENSORBOARD_DIR, USAGE_ERROR_FILE
 from scan_store import ScanGroup
 from storage import Storage, fetch_model
@@ -92,8 +92,10 @@ def train(config: dict[str, Any]) -> None:
             callbacks = build_callbacks(ctx, reporter, config.get("callback_factories") or [])
             callbacks.append(startup_timing.first_step_callback(rank))  # prints the split at step 1 (rank 0)
             callbacks.append(refresh)
+            callbacks.append(current_flags_callback())  # the flags of this job win over the checkpoint's
             trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host,
-                                                      batch, callbacks, skip_log, ScanGroup.of_ray_worker(storage))
+                                                      batch, callbacks, skip_log,
+                                                      ScanGroup.of_ray_worker(storage, data_identity(config)))
             refresh.trainer, refresh.stats = trainer, stats
             check_rows(stats["train_rows"], batch.global_batch, f"of {stats['rows']} rows, "
                        f"{sum(stats['skipped_rows'].values())} skipped, {stats['eval_rows']} held out for eval")
@@ -123,13 +125,18 @@ def train(config: dict[str, Any]) -> None:
                  "micro_batch_size": batch.micro_batch, "gradient_accumulation_steps": batch.accumulation,
                  "resumed_from": resume.uri, "broken_checkpoints": resume.broken,
                  "skipped_in_training": count_by_reason(skipped), "skipped_in_training_row_ids": some_row_ids(skipped),
-                 "startup": startup_timing.split()}
+                 "startup": startup_timing.split(), "definition": config.get("definition")}
         line = skipped_line(extra["skipped_in_training"], extra["skipped_in_training_row_ids"], "in training")
         if line:
             print(line, flush=True)
         summary = finish(ctx, trainer, processor, stats, reporter, result, final_eval, extra)
     ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
                                                                           if isinstance(v, int | float)}})
+
+
+def data_identity(config: dict[str, Any]) -> str:
+    """The data's identity the driver recorded in the run's definition ('' without one)."""
+    return ((config.get("definition") or {}).get("data") or {}).get("identity", "")
 
 
 def skipped_in_training(skip_log: Path, world_size: int) -> dict[str, list[int]]:

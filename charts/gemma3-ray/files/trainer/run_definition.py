@@ -1,0 +1,125 @@
+"""What defines a run: its data (the data files' content, or the gs:// objects' generations) and every flag
+that changes training, recorded at its start (`run_definition.json`) and compared at every restart.
+
+Every flag defines the run except those in flags.RESTART_FREE (where the run lives, logging and
+checkpoint cadence, the workers, speed levers with the same arithmetic, what happens after training).
+Standard library and pyarrow only: the driver computes it before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from flags import RESTART_FREE, TrainArguments
+from storage import filesystem
+
+DEFINITION_FILE = "run_definition.json"
+FORMAT = 1
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+HASH_CHUNK = 1 << 20
+SHOWN_CHANGES = 6
+SHOWN_VALUE_CHARS = 40
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(HASH_CHUNK):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def _text(meta, key: str) -> str:
+    """A value of a pyarrow object-metadata mapping (str or bytes keys and values, by pyarrow version)."""
+    value = next((v for k, v in dict(meta or {}).items() if (k.decode() if isinstance(k, bytes) else k) == key), "?")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def data_files(name: str, emulator_host: str | None = None) -> dict[str, str]:
+    """{data file: identity} of a dataset: the sha256 of each local file, the generation of each gs:// object
+    (its metadata: nothing is downloaded); {} for a hub dataset (identified by its name)."""
+    if name.startswith("gs://"):
+        import pyarrow.fs as pafs
+
+        fs, path = filesystem(name, emulator_host)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            infos = [info]
+        else:
+            infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+                     if i.type == pafs.FileType.File and i.path.endswith(DATA_SUFFIXES)]
+        found = {}
+        for i in sorted(infos, key=lambda i: i.path):
+            with fs.open_input_file(i.path) as fh:
+                meta = fh.metadata()
+            found[i.path[len(path.rstrip("/")) + 1:] or Path(i.path).name] = \
+                f"generation:{_text(meta, 'generation')}"
+        return found
+    local = Path(name)
+    if local.is_file():
+        return {local.name: _sha256(local)}
+    if local.is_dir():
+        return {str(p.relative_to(local)): _sha256(p) for p in sorted(local.rglob("*"))
+                if p.is_file() and p.suffix in DATA_SUFFIXES}
+    return {}
+
+
+def identity(files: dict[str, str], name: str) -> str:
+    """One short digest of the data: its name and each file's identity."""
+    text = json.dumps({"dataset": name, "files": files}, sort_keys=True)
+    return "data:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def definition(args: TrainArguments, emulator_host: str | None = None) -> dict[str, Any]:
+    """This run's definition: every flag that is not RESTART_FREE, and the data's identity."""
+    files = data_files(args.dataset_name, emulator_host)
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainArguments) if f.name not in RESTART_FREE}
+    return {"format": FORMAT, "flags": flags, "data": {"dataset": args.dataset_name, "files": files,
+                                                       "identity": identity(files, args.dataset_name)}}
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 1] + "…\""
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two definitions, as `name old → new` (the data by file)."""
+    out = []
+    old_flags, new_flags = old.get("flags", {}), new.get("flags", {})
+    for name in sorted(set(old_flags) | set(new_flags)):
+        if name in RESTART_FREE:
+            continue  # a flag that was recorded by an older trainer and is free now
+        if old_flags.get(name) != new_flags.get(name):
+            out.append(f"{name} {_shown(old_flags.get(name))} → {_shown(new_flags.get(name))}")
+    old_files, new_files = old.get("data", {}).get("files", {}), new.get("data", {}).get("files", {})
+    if old.get("data", {}).get("identity") != new.get("data", {}).get("identity"):
+        differing = [f for f in sorted(set(old_files) | set(new_files)) if old_files.get(f) != new_files.get(f)]
+        out.append(f"data {old.get('data', {}).get('identity')} → {new.get('data', {}).get('identity')}"
+                   + (f" ({', '.join(differing[:3])} changed)" if differing else ""))
+    return out
+
+
+def changes_text(found: list[str]) -> str:
+    return "; ".join(found[:SHOWN_CHANGES]) + (f"; and {len(found) - SHOWN_CHANGES} more" if len(found) > SHOWN_CHANGES
+                                              else "")
+
+
+def read(run) -> dict[str, Any] | None:
+    """The definition a run recorded at its start (None: none, or unreadable)."""
+    raw = run.read_bytes(DEFINITION_FILE)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write(run, value: dict[str, Any]) -> None:
+    run.write_bytes(DEFINITION_FILE, json.dumps(value, indent=1, sort_keys=True).encode())

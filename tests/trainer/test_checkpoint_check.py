@@ -1,35 +1,66 @@
-"""The driver's resume line names the checkpoint the workers will load (issue #13): a checkpoint with a
-file cut short (a torch.save zip, a safetensors file, a JSON) is passed over for the next older one and
-said; when none is intact the job stops before anything starts. No Ray: the driver's plan only."""
+"""A checkpoint is intact only if its manifest verifies (#21, #19.8): the driver's resume line names the
+newest intact checkpoint, passing over one with any file a resume reads missing, cut short or changed in
+place (a same-size bit flip that torch.load still reads), and says why; when none is intact the job stops
+before anything starts. The broken ones are moved out of Ray Train's registry and directory, so a retrained
+step never writes into them and the registry lists only what exists. No Ray: the driver's plan."""
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
+import checkpoint_manifest
 import pytest
 import runs
 import torch
 from flags import UsageError, parse_args
-from runs import checkpoint_problem, plan_run
+from resume import load_problem
+from runs import checkpoint_problem, plan_run, quarantine, registered_checkpoints
 from safetensors.torch import save_file
-from storage import storage_for
+from storage import Storage, storage_for
 
 CPU = ["--use_gpu=false", "--quantization=none"]
 STEPS = (2, 4)
+# Every file a resume reads: adapter weights and config, optimizer, scheduler, trainer state, RNG states.
+RESUME_FILES = ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt",
+                runs.TRAINER_STATE_FILE, "rng_state_0.pth", "rng_state_1.pth")
 
 
 def write_checkpoint(directory: Path, step: int) -> Path:
+    """A checkpoint as two workers save it (rank 0: adapter, optimizer, scheduler, state; each rank its RNG
+    state), with the manifest rank 0 writes last."""
     directory.mkdir(parents=True)
     (directory / runs.TRAINER_STATE_FILE).write_text(json.dumps({"global_step": step}))
     torch.save({"state": {0: {"exp_avg": torch.ones(256)}}}, directory / "optimizer.pt")
+    torch.save({"base_lrs": [5e-3], "last_epoch": step}, directory / "scheduler.pt")
     save_file({"lora_A": torch.ones(16, 32)}, str(directory / "adapter_model.safetensors"))
     (directory / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    for rank in (0, 1):
+        torch.save({"python": rank, "torch": torch.get_rng_state()}, directory / f"rng_state_{rank}.pth")
+    (directory / checkpoint_manifest.MANIFEST_FILE).write_bytes(
+        checkpoint_manifest.manifest([checkpoint_manifest.entries(directory)], step))
     return directory
+
+
+def register(checkpoints: Path, names: list[str]) -> None:
+    """Ray Train's snapshot of the checkpoints it registered (the fields quarantine rewrites)."""
+    results = [{"checkpoint_dir_name": n, "metrics": {}} for n in names]
+    (checkpoints / runs.RAY_CHECKPOINT_SNAPSHOT).write_text(json.dumps({
+        "checkpoint_results": results, "checkpoint_report_indices": list(range(len(names))),
+        "latest_checkpoint_result": results[-1], "pending_training_results": [], "pending_validation_specs": [],
+        "current_report_index": len(names), "validated_checkpoint_dir_names": []}))
 
 
 def cut_short(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_bit(path: Path) -> None:
+    """The lowest bit of the first float 1.0 of the optimizer's tensor (1.0 -> 1.0000001): same size."""
+    data = bytearray(path.read_bytes())
+    data[data.index(struct.pack("<4f", 1, 1, 1, 1))] ^= 0x01
+    path.write_bytes(bytes(data))
 
 
 @pytest.fixture
@@ -37,9 +68,7 @@ def run(tmp_path: Path) -> tuple[Path, dict[int, Path]]:
     """A run with two checkpoints Ray Train registered (its snapshot), both intact."""
     checkpoints = tmp_path / runs.RUNS_DIR / "r1" / runs.CHECKPOINTS_DIR
     dirs = {s: write_checkpoint(checkpoints / f"checkpoint-{s:06d}", s) for s in STEPS}
-    results = [{"checkpoint_dir_name": d.name} for d in dirs.values()]
-    snapshot = {"checkpoint_results": results, "latest_checkpoint_result": results[-1]}
-    (checkpoints / runs.RAY_CHECKPOINT_SNAPSHOT).write_text(json.dumps(snapshot))
+    register(checkpoints, [d.name for d in dirs.values()])
     return tmp_path, dirs
 
 
@@ -50,31 +79,60 @@ def plan(root: Path, *extra: str):
 
 def test_an_intact_newest_checkpoint_is_named(run) -> None:
     root, dirs = run
-    assert checkpoint_problem(str(dirs[4]), None) is None
+    assert checkpoint_problem(str(dirs[4]), None) is None and load_problem(dirs[4]) is None
     assert plan(root).log_line == f"resuming r1 from step 4 (restart of this run: its newest checkpoint {dirs[4]})"
 
 
-@pytest.mark.parametrize(("name", "problem"), [
-    ("optimizer.pt", "optimizer.pt: BadZipFile: File is not a zip file"),
-    ("adapter_model.safetensors", "adapter_model.safetensors: "),
-    (runs.TRAINER_STATE_FILE, f"{runs.TRAINER_STATE_FILE}: JSONDecodeError: "),
-])
-def test_a_newest_checkpoint_with_a_file_cut_short_is_passed_over_and_said(run, name: str, problem: str) -> None:
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+@pytest.mark.parametrize("name", RESUME_FILES)
+def test_a_newest_checkpoint_with_a_file_missing_or_cut_short_is_passed_over_and_said(run, name: str,
+                                                                                       damage: str) -> None:
+    """#19.8: with the adapter removed every retry failed in transformers until max_failures."""
     root, dirs = run
-    cut_short(dirs[4] / name)
+    if damage == "missing":
+        (dirs[4] / name).unlink()
+        problem = f"{name}: missing (its manifest lists it)"
+    else:
+        cut_short(dirs[4] / name)
+        problem = f"{name}: {(dirs[4] / name).stat().st_size} bytes, its manifest says "
     assert (checkpoint_problem(str(dirs[4]), None) or "").startswith(problem)
+    assert (load_problem(dirs[4]) or "").startswith(problem)  # the workers' check, on what they download
     line = plan(root).log_line
     assert line.startswith(f"resuming r1 from step 2 (restart of this run: its newest intact checkpoint {dirs[2]}; "
                            f"{dirs[4]} ({problem}"), line
     assert line.endswith(") does not load)")
 
 
+def test_a_bit_flip_that_torch_still_loads_is_detected(run) -> None:
+    """#21: a same-size bit flip in optimizer.pt passed torch.load (17 values changed) and was resumed."""
+    root, dirs = run
+    before = torch.load(dirs[4] / "optimizer.pt")["state"][0]["exp_avg"]
+    flip_a_bit(dirs[4] / "optimizer.pt")
+    after = torch.load(dirs[4] / "optimizer.pt")["state"][0]["exp_avg"]  # still loads ...
+    assert not torch.equal(before, after)  # ... other values
+    problem = "optimizer.pt: its sha256 differs from its manifest's (the file changed after it was saved)"
+    assert checkpoint_problem(str(dirs[4]), None) == problem and load_problem(dirs[4]) == problem
+    assert plan(root).resume_checkpoint is None and plan(root).log_line.startswith(
+        f"resuming r1 from step 2 (restart of this run: its newest intact checkpoint {dirs[2]}; {dirs[4]} ({problem})")
+
+
+def test_a_checkpoint_without_its_manifest_is_not_intact(run) -> None:
+    """An upload cut short before rank 0 wrote the manifest (or a checkpoint of before #21)."""
+    root, dirs = run
+    (dirs[4] / checkpoint_manifest.MANIFEST_FILE).unlink()
+    assert checkpoint_problem(str(dirs[4]), None) == ("no manifest.json (a checkpoint is intact only when its "
+                                                      "manifest verifies)")
+    assert plan(root).log_line.startswith(f"resuming r1 from step 2 (restart of this run: its newest intact "
+                                          f"checkpoint {dirs[2]}")
+
+
 def test_no_intact_checkpoint_stops_before_anything_starts(run) -> None:
     root, dirs = run
-    for d in dirs.values():
-        cut_short(d / "optimizer.pt")
-    with pytest.raises(UsageError, match=rf"no checkpoint of run r1 loads: {dirs[4]} \(optimizer.pt: .*; {dirs[2]} "
-                                         r"\(optimizer.pt: .*--resume_from=<checkpoint path> in a new run"):
+    (dirs[4] / "adapter_model.safetensors").unlink()
+    flip_a_bit(dirs[2] / "optimizer.pt")
+    with pytest.raises(UsageError, match=rf"^no checkpoint of run r1 loads: {dirs[4]} \(adapter_model.safetensors: "
+                                         rf"missing .*; {dirs[2]} \(optimizer.pt: its sha256 differs.*; continue from "
+                                         r"a good one with --resume_from=<checkpoint path> in a new run$"):
         plan(root)
 
 
@@ -84,3 +142,44 @@ def test_resume_from_a_broken_checkpoint_path_is_refused(run) -> None:
     with pytest.raises(UsageError, match=rf"resume_from: checkpoint {dirs[4]} does not load \(adapter_model"):
         plan(root, "--run_name=r2", f"--resume_from={dirs[4]}")
     assert plan(root, "--run_name=r2", f"--resume_from={dirs[2]}").resume_checkpoint == str(dirs[2])
+
+
+def test_broken_checkpoints_leave_the_registry_and_a_retrained_step_gets_a_fresh_directory(run) -> None:
+    """#21: the step retrained after a fallback was written into the broken checkpoint's directory, which
+    Ray's retention later deleted while the snapshot still listed it (4, 6, 8 listed; 6, 8 existed)."""
+    from metrics import RunReporter
+
+    root, dirs = run
+    flip_a_bit(dirs[4] / "optimizer.pt")
+    planned = plan(root)
+    assert planned.broken == [str(dirs[4])]
+    storage = planned.storage
+    quarantine(storage, planned.broken)  # the driver, before Ray Train restores the run
+    assert registered_checkpoints(storage) == [(2, str(dirs[2]))]
+    snapshot = json.loads((dirs[2].parent / runs.RAY_CHECKPOINT_SNAPSHOT).read_text())
+    assert snapshot["latest_checkpoint_result"]["checkpoint_dir_name"] == dirs[2].name
+    assert snapshot["checkpoint_report_indices"] == [0]
+    assert not dirs[4].exists() and (storage_path := Path(storage.root) / runs.BROKEN_DIR / dirs[4].name).is_dir()
+    assert sorted(p.name for p in storage_path.iterdir()) == sorted([*RESUME_FILES, "manifest.json"])
+    for _, uri in registered_checkpoints(storage):
+        assert Path(uri).is_dir()  # the registry lists only what exists
+    reporter = RunReporter(storage, 0, 8, root / "tb", root, 2)
+    assert reporter._checkpoint_name(4) == "checkpoint-000004"  # free again
+    (dirs[2].parent / "checkpoint-000004").mkdir()  # a broken one a worker passed over within a job
+    assert reporter._checkpoint_name(4) == "checkpoint-000004-1"
+    assert runs.CHECKPOINT_NAME_PATTERN.fullmatch("checkpoint-000004-1").group(1) == "000004"
+
+
+def test_a_changed_gcs_object_is_detected_from_its_metadata(run, fake_gcs) -> None:
+    """On gs:// the driver compares each object's md5 (its metadata) with the manifest: nothing downloaded."""
+    from tests.trainer.conftest import GCS_BUCKET
+
+    _, dirs = run
+    bucket = Storage(f"gs://{GCS_BUCKET}/manifest-check", fake_gcs)
+    bucket.upload_dir(dirs[4], "checkpoint-000004")
+    uri = bucket.uri("checkpoint-000004")
+    assert checkpoint_problem(uri, fake_gcs) is None
+    flip_a_bit(dirs[4] / "optimizer.pt")
+    bucket.write_bytes("checkpoint-000004/optimizer.pt", (dirs[4] / "optimizer.pt").read_bytes())
+    assert checkpoint_problem(uri, fake_gcs) == ("optimizer.pt: its md5 differs from its manifest's (the object "
+                                                 "changed after it was saved)")

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runs import METRICS_FILE, SUMMARY_FILE, TENSORBOARD_DIR
+import checkpoint_manifest
+from runs import CHECKPOINTS_DIR, METRICS_FILE, SUMMARY_FILE, TENSORBOARD_DIR
 from storage import Storage
 from transformers import TrainerCallback
 
@@ -100,6 +101,14 @@ class RunReporter(TrainerCallback):
         self.window = {"time": 0.0, "steps": 0}
         self.last_num_tokens = num_tokens
 
+    def _checkpoint_name(self, step: int) -> str:
+        """checkpoint-<step>, or with a suffix when that directory exists (a broken one a restart passed
+        over): a retrained step never writes into another checkpoint's directory."""
+        name, n = f"checkpoint-{step:06d}", 1
+        while self.storage.exists(f"{CHECKPOINTS_DIR}/{name}"):
+            name, n = f"checkpoint-{step:06d}-{n}", n + 1
+        return name
+
     def on_save(self, args, state, control, **kwargs):
         import ray.train
 
@@ -110,12 +119,31 @@ class RunReporter(TrainerCallback):
                 metrics["loss"] = rec["loss"]
                 break
         # Every rank reports: rank 0 holds the adapter, optimizer and trainer state, each rank its RNG
-        # state; Ray merges them into one checkpoint directory.
+        # state; Ray merges them into one checkpoint directory. Its manifest (every rank's files with their
+        # checksums) is written by rank 0 once every rank's upload is done: last.
+        part = checkpoint_manifest.entries(ckpt) if ckpt.is_dir() else {}
+        parts = gather({"name": self._checkpoint_name(state.global_step) if self.rank == 0 else None, "files": part})
+        name = parts[0]["name"]
         checkpoint = ray.train.Checkpoint.from_directory(str(ckpt)) if ckpt.is_dir() else None
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=f"checkpoint-{state.global_step:06d}")
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+        gather(None)  # a barrier: every rank's upload has returned
+        if self.rank == 0:
+            self.storage.write_bytes(f"{CHECKPOINTS_DIR}/{name}/{checkpoint_manifest.MANIFEST_FILE}",
+                                     checkpoint_manifest.manifest([p["files"] for p in parts], state.global_step))
         if self.rank == 0 and self.tb_dir.is_dir():
             self.storage.upload_dir(self.tb_dir, TENSORBOARD_DIR)
         self._remark()
+
+
+def gather(value: Any) -> list[Any]:
+    """`value` of every rank, in rank order (all ranks call it; alone: [value])."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _parse_lines(text: str) -> list[dict[str, Any]]:

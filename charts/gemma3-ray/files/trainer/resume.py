@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import checkpoint_manifest
 from flags import UsageError
 from runs import TRAINER_STATE_FILE, registered_checkpoints
 from storage import Storage, filesystem
@@ -30,10 +31,14 @@ class Resume:
 
 
 def load_problem(directory: Path) -> str | None:
-    """Why the Trainer could not load this checkpoint directory, or None: every file it reads is read."""
+    """Why the Trainer could not load this checkpoint directory, or None: its manifest verifies, and every file
+    it reads is read."""
     import torch
     from safetensors import safe_open
 
+    problem = checkpoint_manifest.local_problem(directory)  # every file there, with its size and sha256
+    if problem:
+        return problem
     if not (directory / TRAINER_STATE_FILE).is_file():
         return f"no {TRAINER_STATE_FILE}"
     for path in sorted(p for p in directory.iterdir() if p.is_file()):

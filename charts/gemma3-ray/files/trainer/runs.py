@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import checkpoint_manifest
 import run_definition
 from flags import TrainArguments, UsageError, is_checkpoint_path
 from storage import Storage, filesystem, storage_at
@@ -32,7 +32,9 @@ USAGE_ERROR_FILE = "usage_error.txt"
 # Ray Train's record of the checkpoints it registered (in CHECKPOINTS_DIR; restored on a restart).
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
 TRAINER_STATE_FILE = "trainer_state.json"
-CHECKPOINT_NAME_PATTERN = re.compile(r"checkpoint-(\d+)")
+# checkpoint-<step>, or checkpoint-<step>-<n> when a retrained step's name was taken (never written into)
+CHECKPOINT_NAME_PATTERN = re.compile(r"checkpoint-(\d+)(?:-(\d+))?")
+BROKEN_DIR = "broken_checkpoints"  # where the driver moves a run's checkpoints that are not intact
 
 
 def new_run_name(root: Storage) -> str:
@@ -62,8 +64,40 @@ def registered_checkpoints(run: Storage) -> list[tuple[int, str]]:
     for name in names:
         match = CHECKPOINT_NAME_PATTERN.fullmatch(name)
         if match:
-            found.append((int(match.group(1)), run.uri(CHECKPOINTS_DIR, name)))
-    return sorted(found)
+            found.append((int(match.group(1)), int(match.group(2) or 0), run.uri(CHECKPOINTS_DIR, name)))
+    return [(step, uri) for step, _, uri in sorted(found)]
+
+
+def quarantine(run: Storage, broken: list[str]) -> None:
+    """Take the run's broken checkpoints out of Ray Train's registry and out of checkpoints/ (moved to
+    broken_checkpoints/), before Ray Train restores it: Ray then restores the newest intact checkpoint, a
+    retrained step is written into a fresh directory, and the registry lists only what exists (Ray 2.60
+    retains and deletes by directory; one retrained into a broken one's directory was later deleted)."""
+    names = {uri.rsplit("/", 1)[1] for uri in broken}
+    if not names:
+        return
+    rel = f"{CHECKPOINTS_DIR}/{RAY_CHECKPOINT_SNAPSHOT}"
+    snapshot = json.loads(run.read_bytes(rel) or b"{}")
+    kept = [(r, i) for r, i in zip(snapshot.get("checkpoint_results", []),
+                                   snapshot.get("checkpoint_report_indices", []), strict=True)
+            if r["checkpoint_dir_name"] not in names]
+    snapshot["checkpoint_results"] = [r for r, _ in kept]
+    snapshot["checkpoint_report_indices"] = [i for _, i in kept]
+    latest = snapshot.get("latest_checkpoint_result")
+    if latest and latest["checkpoint_dir_name"] in names:
+        snapshot["latest_checkpoint_result"] = max(kept, key=lambda k: k[1])[0] if kept else None
+    pending = [(r, v) for r, v in zip(snapshot.get("pending_training_results", []),
+                                      snapshot.get("pending_validation_specs", []), strict=True)
+               if r["checkpoint_dir_name"] not in names]
+    snapshot["pending_training_results"] = [r for r, _ in pending]
+    snapshot["pending_validation_specs"] = [v for _, v in pending]
+    for key in ("validated_checkpoint_dir_names", "timed_out_validation_checkpoint_dir_names",
+                "failed_validation_checkpoint_dir_names"):
+        if key in snapshot:
+            snapshot[key] = [n for n in snapshot[key] if n not in names]
+    run.write_bytes(rel, json.dumps(snapshot).encode())  # first: a crash before the move leaves it unlisted
+    for name in sorted(names):
+        run.move_dir(f"{CHECKPOINTS_DIR}/{name}", f"{BROKEN_DIR}/{name}")
 
 
 def checkpoint_step(uri: str) -> int:
@@ -75,45 +109,23 @@ def checkpoint_step(uri: str) -> int:
 
 
 def checkpoint_problem(uri: str, emulator_host: str | None) -> str | None:
-    """Why a checkpoint is visibly broken (a file cut short, unreadable JSON), or None. Cheap and without
-    torch: zip directories (torch.save) and safetensors headers only; the workers load it in full."""
-    import pyarrow.fs as pafs
-
+    """Why a checkpoint is not intact, or None: it is intact only if its manifest verifies (every file the
+    workers saved is there with its size and checksum; checkpoint_manifest.py). Without torch."""
     fs, base = filesystem(uri, emulator_host)
-    files = [i for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)) if i.type == pafs.FileType.File]
-    if TRAINER_STATE_FILE not in {Path(i.path).name for i in files}:
-        return f"no {TRAINER_STATE_FILE}"
-    for info in sorted(files, key=lambda i: i.path):
-        name = Path(info.path).name
-        try:
-            with fs.open_input_file(info.path) as fh:
-                if name.endswith(".json"):
-                    json.loads(fh.read())
-                elif name.endswith((".pt", ".pth", ".bin")) and fh.read(2) == b"PK":
-                    fh.seek(0)
-                    with zipfile.ZipFile(fh) as archive:  # a file cut short has lost its central directory
-                        ends = [m.header_offset + m.compress_size for m in archive.infolist()]
-                    if max(ends, default=0) > info.size:
-                        return f"{name}: {info.size} bytes, shorter than its zip directory says"
-                elif name.endswith(".safetensors"):
-                    header_len = int.from_bytes(fh.read(8), "little")
-                    header = json.loads(fh.read(header_len))
-                    data = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-                    if 8 + header_len + data != info.size:
-                        return f"{name}: {info.size} bytes, its header says {8 + header_len + data}"
-        except (zipfile.BadZipFile, ValueError, KeyError, TypeError, OSError) as e:
-            return f"{name}: {type(e).__name__}: {str(e)[:200]}"
-    return None
+    return checkpoint_manifest.remote_problem(fs, base, uri.startswith("gs://"))
 
 
-def newest_intact(checkpoints: list[tuple[int, str]], emulator_host: str | None, whose: str) -> tuple[int, str, str]:
-    """(step, URI, note on newer broken ones) of the newest checkpoint that is not visibly broken."""
+def newest_intact(checkpoints: list[tuple[int, str]], emulator_host: str | None,
+                  whose: str) -> tuple[int, str, str, list[str]]:
+    """(step, URI, note on newer broken ones, their URIs) of the newest intact checkpoint."""
     broken: list[str] = []
+    uris: list[str] = []
     for step, uri in reversed(checkpoints):
         problem = checkpoint_problem(uri, emulator_host)
         if problem is None:
-            return step, uri, "".join(f"; {b} does not load" for b in broken)
+            return step, uri, "".join(f"; {b} does not load" for b in broken), uris
         broken.append(f"{uri} ({problem})")
+        uris.append(uri)
     raise UsageError(f"no checkpoint of {whose} loads: {'; '.join(broken)}; continue from a good one with "
                      "--resume_from=<checkpoint path> in a new run")
 
@@ -128,6 +140,7 @@ class RunPlan:
     log_line: str  # the driver's first line
     finished: dict[str, Any] | None  # the summary of a completed run (nothing to train)
     definition: dict[str, Any] | None = None  # what defines the run (run_definition.py), recorded at its start
+    broken: list[str] = field(default_factory=list)  # the run's own broken checkpoints, to quarantine
 
 
 def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
@@ -152,10 +165,11 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
                 f"run {name} was started with other settings ({run_definition.changes_text(changed)}): start a new "
                 f"run with --run_name=<new name>, or continue this run's checkpoint with the new settings with "
                 f"--run_name=<new name> --resume_from={name}")
-        step, uri, broken = newest_intact(own, run.emulator_host, f"run {name}")
+        step, uri, broken, broken_uris = newest_intact(own, run.emulator_host, f"run {name}")
         newest = "newest intact" if broken else "newest"
         return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its {newest} "
-                                        f"checkpoint {uri}{broken})", None, old or new)  # a run of before #21: new
+                                        f"checkpoint {uri}{broken})", None, old or new,  # a run of before #21: new
+                       broken_uris)
     if args.resume_from:
         if is_checkpoint_path(args.resume_from):
             uri = args.resume_from.rstrip("/")
@@ -171,7 +185,7 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
             if not other:
                 raise UsageError(f"resume_from={args.resume_from}: no checkpoint of that run under "
                                  f"{root.uri(RUNS_DIR, args.resume_from)}; runs there: {root.list_dir(RUNS_DIR)}")
-            step, uri, broken = newest_intact(other, root.emulator_host, f"run {args.resume_from}")
+            step, uri, broken, _ = newest_intact(other, root.emulator_host, f"run {args.resume_from}")
         origin = run_definition.read(storage_at(uri.rsplit("/", 2)[0]))  # <run>/checkpoints/<checkpoint>
         differ = run_definition.changes(origin, new) if origin is not None else []
         new["continued_from"] = {"checkpoint": uri, "step": step, "changes": differ}

@@ -101,6 +101,20 @@ class Storage:
         with fs.open_append_stream(path) as out:
             out.write(data)
 
+    def move_dir(self, rel: str, to: str) -> None:
+        """Move the directory `rel` to `to` (file by file: GCS has no directories to rename)."""
+        import pyarrow.fs as pafs
+
+        fs, base = self.fs()
+        src = f"{base}/{rel}"
+        for info in fs.get_file_info(pafs.FileSelector(src, recursive=True, allow_not_found=True)):
+            if info.type == pafs.FileType.File:
+                dest = f"{base}/{to}/{info.path[len(src) + 1:]}"
+                fs.create_dir(dest.rsplit("/", 1)[0], recursive=True)
+                fs.copy_file(info.path, dest)
+        if fs.get_file_info(src).type != pafs.FileType.NotFound:
+            fs.delete_dir(src)
+
     def upload_dir(self, local: Path, rel: str) -> None:
         import pyarrow.fs as pafs
 

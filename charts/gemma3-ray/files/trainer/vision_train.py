@@ -42,7 +42,7 @@ import startup_timing
 from data import check_dataset_before_download
 from elastic import describe, ray_num_workers, run_shapes
 from flags import UsageError, extra_pip, parse_args
-from runs import CHECKPOINTS_DIR, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run
+from runs import CHECKPOINTS_DIR, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, quarantine
 from storage import storage_for
 from torch_backend import TorchBackendConfig
 from worker_runtime_env import worker_runtime_env
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)
     run_definition.write(storage, plan.definition)  # what defines the run, compared at every restart
+    quarantine(storage, plan.broken)  # Ray Train restores only intact checkpoints, retrains into fresh ones
     if storage.exists(USAGE_ERROR_FILE):  # from an earlier attempt of this run; the inputs may be fixed now
         fs.delete_file(f"{base}/{USAGE_ERROR_FILE}")
     trainer = DataParallelTrainer(

@@ -1,57 +1,134 @@
-"""`down`: stop the release's job, uninstall it, and (asked) remove its prerequisites — saying exactly
-what it removed, what it kept and why; idempotent; a failed step is an error, never a success line.
+"""`down`: uninstall the release, wait until its RayJobs are gone, and (asked) remove its
+prerequisites — saying exactly what it removed, what it kept and why; idempotent; a failed step, or a
+RayJob that stays, is an error, never a success line.
 
-Order: the RayJob first (a Helm hook, so ``helm uninstall`` never deletes it, and in ephemeral mode
-its RayCluster holds the GPUs until the job's deadline), then the release (the ServiceAccount,
-Secret and ConfigMap the job used), then the Google Cloud side.
+Order: RayJobs of the release that Helm does not manage (a hook RayJob of an earlier chart version,
+which no `helm uninstall` deletes), then the release (`helm uninstall` deletes its RayJob with the
+ServiceAccount, Secret and ConfigMap it used), then a bounded wait until no RayJob of the release is
+left (KubeRay's finalizer stops each job; a job's cluster goes with it), then the Google Cloud side.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from gemma3_ray import cluster, release, teardown
+from gemma3_ray import cluster, poll, release, teardown
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import UserError
+from gemma3_ray.errors import ClusterError, UserError
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import Action
 from gemma3_ray.teardown import Removal
 
+HELM_RELEASE_ANNOTATION = "meta.helm.sh/release-name"
+HELM_NAMESPACE_ANNOTATION = "meta.helm.sh/release-namespace"
+KUBERAY_FINALIZER = "ray.io/rayjob-finalizer"
+GONE_TIMEOUT_S = 180.0
+GONE_POLL_S = 2.0
 
-def _rayjobs(custom: Any, dep: Deployment) -> Removal:
+
+@dataclass
+class RayJobs:
+    """The release's RayJobs as `down` found them."""
+
+    by_helm: list[str] = field(default_factory=list)  # in the release: `helm uninstall` deletes them
+    unmanaged: list[str] = field(default_factory=list)  # `down` deletes them itself
+    terminating: list[str] = field(default_factory=list)  # deleted already, not gone yet
+
+
+def _list_rayjobs(custom: Any, dep: Deployment) -> list[dict[str, Any]] | None:
+    """The RayJobs labelled with this release (None: the RayJob CRD is not installed)."""
     from kubernetes.client.exceptions import ApiException
 
-    out = Removal()
-    selector = f"{cluster.INSTANCE_LABEL}={dep.release}"
     try:
-        items = custom.list_namespaced_custom_object(cluster.RAY_GROUP, cluster.RAY_VERSION, dep.namespace,
-                                                     cluster.RAYJOB_PLURAL, label_selector=selector)["items"]
+        return custom.list_namespaced_custom_object(cluster.RAY_GROUP, cluster.RAY_VERSION, dep.namespace,
+                                                    cluster.RAYJOB_PLURAL,
+                                                    label_selector=f"{cluster.INSTANCE_LABEL}={dep.release}")["items"]
     except ApiException as exc:
         if exc.status == cluster.HTTP_NOT_FOUND:
-            out.absent.append(f"RayJobs of release {dep.release} (the RayJob CRD is not installed)")
-            return out
+            return None
         raise cluster.api_error(exc, f"list RayJobs in {dep.namespace}") from None
+
+
+def _managed_by_helm(obj: dict[str, Any], dep: Deployment) -> bool:
+    ann = obj["metadata"].get("annotations") or {}
+    return ann.get(HELM_RELEASE_ANNOTATION) == dep.release and ann.get(HELM_NAMESPACE_ANNOTATION) == dep.namespace
+
+
+def _rayjobs(custom: Any, dep: Deployment, release_exists: bool) -> tuple[Removal, RayJobs]:
+    out, found = Removal(), RayJobs()
+    items = _list_rayjobs(custom, dep)
+    if items is None:
+        out.absent.append(f"RayJobs of release {dep.release} (the RayJob CRD is not installed)")
+        return out, found
     if not items:
         out.absent.append(f"RayJob of release {dep.release} in namespace {dep.namespace}")
     for obj in items:
         name = obj["metadata"]["name"]
-        out.actions.append(Action(
-            f"RayJob {dep.namespace}/{name} (stops the training job; KubeRay deletes a RayCluster it created)",
-            lambda n=name: cluster.delete_rayjob(custom, dep.namespace, n)))
-    return out
+        if obj["metadata"].get("deletionTimestamp"):
+            found.terminating.append(name)
+        elif release_exists and _managed_by_helm(obj, dep):
+            found.by_helm.append(name)
+        else:  # e.g. the hook RayJob of an earlier chart version: Helm never deletes it
+            found.unmanaged.append(name)
+            out.actions.append(Action(
+                f"RayJob {dep.namespace}/{name} (not managed by Helm: stops the training job; KubeRay deletes a "
+                "RayCluster it created)", lambda n=name: cluster.delete_rayjob(custom, dep.namespace, n)))
+    return out, found
 
 
-def _helm_release(helm: Any, dep: Deployment) -> Removal:
-    out = Removal()
-    if release.exists(helm, dep.release, dep.namespace):
-        out.actions.append(Action(f"Helm release {dep.release} in namespace {dep.namespace} (its ServiceAccount, "
-                                  "ConfigMap, Secret and Service)",
+def _cluster_side(args: argparse.Namespace, dep: Deployment, custom: Any) -> Removal:
+    """RayJobs Helm does not manage, then the release, then a wait until no RayJob of it is left."""
+    helm = release.client(args.kubeconfig, args.kube_context)
+    exists = release.exists(helm, dep.release, dep.namespace)
+    out, found = _rayjobs(custom, dep, exists)
+    if exists:
+        out.actions.append(Action(f"Helm release {dep.release} in namespace {dep.namespace} (its RayJob, "
+                                  "ServiceAccount, ConfigMap, Secret and Service)",
                                   lambda: release.uninstall(helm, dep.release, dep.namespace)))
     else:
         out.absent.append(f"Helm release {dep.release} in namespace {dep.namespace}")
+    waited = [*found.unmanaged, *found.by_helm, *found.terminating]
+    if waited:
+        names = ", ".join(waited)
+        what = "already being deleted: " if found.terminating and not found.by_helm else ""
+        out.actions.append(Action(f"RayJob {names} ({what}waits until KubeRay has stopped the job and it is gone, "
+                                  f"at most {GONE_TIMEOUT_S:.0f} s)", lambda: wait_gone(custom, dep)))
     return out
+
+
+def _stuck(dep: Deployment, left: list[dict[str, Any]], waited: float) -> UserError:
+    obj = left[0]
+    name = obj["metadata"]["name"]
+    others = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+    fix = (f"kubectl -n {dep.namespace} patch rayjob {name} --type=merge -p '{{\"metadata\":{{\"finalizers\":null}}}}'")
+    if obj["metadata"].get("deletionTimestamp") and KUBERAY_FINALIZER in (obj["metadata"].get("finalizers") or []):
+        return ClusterError(f"RayJob {dep.namespace}/{name}{others} is still there {waited:.0f} s after its deletion: "
+                            f"KubeRay's finalizer holds it until the operator stops the job (is the KubeRay operator "
+                            f"running?); without an operator, clear it with `{fix}` (its cluster then goes with it) and "
+                            "run `gemma3-ray down` again.")
+    return ClusterError(f"RayJob {dep.namespace}/{name}{others} is still there {waited:.0f} s after `down` removed the "
+                        f"release (finalizers: {', '.join(obj['metadata'].get('finalizers') or []) or 'none'}): check "
+                        f"`kubectl -n {dep.namespace} get rayjob {name} -o yaml` and run `gemma3-ray down` again.")
+
+
+class _StillThere(UserError):
+    def __init__(self, waited: float) -> None:
+        super().__init__(f"still there after {waited:.0f} s")
+        self.waited = waited
+
+
+def wait_gone(custom: Any, dep: Deployment) -> None:
+    """Return once no RayJob of the release is left; past GONE_TIMEOUT_S, a UserError naming what holds one."""
+    try:
+        poll.until(lambda: _list_rayjobs(custom, dep), lambda items: not items, interval=GONE_POLL_S,
+                   timeout=GONE_TIMEOUT_S, on_timeout=_StillThere)
+    except _StillThere as exc:
+        left = _list_rayjobs(custom, dep)
+        if left:
+            raise _stuck(dep, left, exc.waited) from None
 
 
 def plan(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Removal:
@@ -62,8 +139,7 @@ def plan(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Removal
             k8s = cluster.load_config(args.kubeconfig, args.kube_context)
         except UserError as exc:
             raise UserError(f"{str(exc).rstrip('.')}; or pass --no-uninstall to leave the cluster alone.") from exc
-        out.extend(_rayjobs(k8s.CustomObjectsApi(), dep))
-        out.extend(_helm_release(release.client(args.kubeconfig, args.kube_context), dep))
+        out.extend(_cluster_side(args, dep, k8s.CustomObjectsApi()))
     else:
         out.kept.append(f"Helm release {dep.release} and its RayJob (--no-uninstall)")
     if args.prereqs:

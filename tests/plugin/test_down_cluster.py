@@ -1,7 +1,9 @@
-"""`down` on a real API server (../shared/kube-apiserver): it deletes the release's RayJob — a Helm
-hook, which `helm uninstall` never deletes (Helm's hook resources are unmanaged) — then uninstalls
-the release with real Helm; the same release name in another namespace is untouched; a second
-`down` reports "nothing to remove" and exits 0; a step the cluster forbids is an error.
+"""`down` on a real API server (../shared/kube-apiserver): it deletes the release's RayJobs that Helm
+does not manage (the hook RayJob of an earlier chart version, which no `helm uninstall` deletes),
+uninstalls the release with real Helm, then waits until no RayJob of the release is left — and says
+which one KubeRay's finalizer holds when one stays; the same release name in another namespace is
+untouched; a second `down` reports "nothing to remove" and exits 0; a step the cluster forbids is an
+error.
 
 What KubeRay does after the RayJob is deleted (stop the job, delete the RayCluster it created) is
 its controller's: ray-operator/controllers/ray/rayjob_controller.go, RayJobReconciler.Reconcile
@@ -89,7 +91,7 @@ def test_down_deletes_the_rayjob_and_the_release_and_is_idempotent(
     out = capsys.readouterr().out
     assert f"removed RayJob {a}/{RELEASE}-abcde" in out
     assert f"removed Helm release {RELEASE} in namespace {a}" in out
-    assert "keep Google Cloud prerequisites" in out and "Done: removed 2" in out
+    assert "keep Google Cloud prerequisites" in out and "Done: removed 3" in out
     assert _state(kube_apiserver, a) == ([], [])
     assert _state(kube_apiserver, b) == ([f"{RELEASE}-abcde"], [RELEASE])  # the other namespace's release
 
@@ -121,3 +123,43 @@ def test_a_step_the_cluster_forbids_is_an_error(kube_apiserver: Path, releases: 
     assert "down stopped after 0 removal(s)" in captured.err and "forbids" in captured.err
     assert token not in captured.out + captured.err
     assert _state(kube_apiserver, ns) == ([f"{RELEASE}-abcde"], [RELEASE])
+
+
+def test_down_uninstalls_the_chart_and_waits_until_its_rayjobs_are_gone(
+    kube_apiserver: Path, releases: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The chart's RayJob is a release resource: `helm uninstall` deletes it. With KubeRay's finalizer
+    on it and no operator to remove it (issue #19, failure 4), `down` never reports success: it names
+    the RayJob and the command that clears it; after that command a second `down` finds nothing. The
+    earlier chart's hook RayJob (named after the release, labelled with it) is deleted by `down` itself."""
+    from gemma3_ray import down
+
+    monkeypatch.setattr(down, "GONE_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(down, "GONE_POLL_S", 0.5)
+    ns = "down-chart"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    chart = ROOT / "charts" / "gemma3-ray"
+    out = subprocess.run([HELM, "install", RELEASE, str(chart), "-n", ns, "--kubeconfig", str(kube_apiserver),
+                          "-f", str(chart / "ci" / "default-values.yaml")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=_rayjob(ns, RELEASE))  # the earlier chart's hook RayJob
+    job = f"{RELEASE}-r1"
+    kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", job, "--type=merge", "-p",
+            '{"metadata":{"finalizers":["ray.io/rayjob-finalizer"]}}')  # what KubeRay adds; no operator removes it
+    assert sorted(_state(kube_apiserver, ns)[0]) == [RELEASE, job]
+    capsys.readouterr()
+
+    assert _down(kube_apiserver, ns) == 1
+    captured = capsys.readouterr()
+    assert f"removed RayJob {ns}/{RELEASE} (not managed by Helm" in captured.out
+    assert f"removed Helm release {RELEASE} in namespace {ns}" in captured.out
+    assert "Done" not in captured.out and "\n" not in captured.err.strip()
+    fix = f"""kubectl -n {ns} patch rayjob {job} --type=merge -p '{{"metadata":{{"finalizers":null}}}}'"""
+    assert f"RayJob {ns}/{job} is still there" in captured.err and "KubeRay's finalizer" in captured.err
+    assert fix in captured.err, captured.err
+    assert _state(kube_apiserver, ns) == ([job], [])
+
+    kubectl(kube_apiserver, *fix.split(" ", 1)[1].replace("'", "").split(" "))
+    assert _down(kube_apiserver, ns) == 0
+    assert "Nothing to remove" in capsys.readouterr().out
+    assert _state(kube_apiserver, ns) == ([], [])

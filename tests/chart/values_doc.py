@@ -9,6 +9,7 @@ import yaml
 
 # Maps whose keys are the user's (Kubernetes objects, flags): documented as one value.
 FREE_FORM = {"resources", "submitterResources", "rayStartParams", "nodeSelector", "affinity", "annotations", "podAnnotations",
+             "podSecurityContext", "containerSecurityContext",
              "podLabels", "envVars", "training", "requests", "limits"}
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z][\w.-]*):(?P<rest>.*)$")
 

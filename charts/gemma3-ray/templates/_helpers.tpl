@@ -36,12 +36,59 @@ app.kubernetes.io/name: {{ include "gemma3-ray.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/*
+The chart's own labels of every object: commonLabels first (the schema keeps them out of the chart's
+app.kubernetes.io/ and helm.sh/ keys, so none is repeated), then the standard ones.
+*/}}
 {{- define "gemma3-ray.labels" -}}
+{{- with .Values.commonLabels }}{{ toYaml . }}{{ "\n" }}{{ end -}}
+{{ include "gemma3-ray.standardLabels" . }}
+{{- end -}}
+
+{{- define "gemma3-ray.standardLabels" -}}
 helm.sh/chart: {{ include "gemma3-ray.chart" . }}
 {{ include "gemma3-ray.selectorLabels" . }}
 app.kubernetes.io/version: {{ include "gemma3-ray.rayVersion" . | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: gemma3-ray
+{{- end -}}
+
+{{/*
+Labels of an object that has labels of its own (the RayJob: rayJob.labels and Kueue's): commonLabels,
+then its own, then the chart's standard ones and the component; a later one wins on the same key.
+Arguments: dict "root" $ "component" <component> "extra" <map or nil>.
+*/}}
+{{- define "gemma3-ray.objectLabels" -}}
+{{- $l := deepCopy .root.Values.commonLabels -}}
+{{- range $k, $v := .extra -}}
+{{- $_ := set $l $k $v -}}
+{{- end -}}
+{{- range $k, $v := include "gemma3-ray.standardLabels" .root | fromYaml -}}
+{{- $_ := set $l $k $v -}}
+{{- end -}}
+{{- $_ := set $l "app.kubernetes.io/component" .component -}}
+{{- toYaml $l -}}
+{{- end -}}
+
+{{/*
+metadata.annotations of an object: commonAnnotations with the object's own laid over them (those
+win: Helm's hook annotations, serviceAccount.annotations, podAnnotations). Renders nothing when both
+are empty, so the caller writes `annotations:` only around a non-empty result.
+Arguments: dict "root" $ "extra" <map or nil>.
+*/}}
+{{- define "gemma3-ray.annotations" -}}
+{{- $a := deepCopy .root.Values.commonAnnotations -}}
+{{- range $k, $v := .extra -}}
+{{- $_ := set $a $k $v -}}
+{{- end -}}
+{{- with $a -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Bitnami's common.names.namespace: namespaceOverride, else the release's namespace. */}}
+{{- define "gemma3-ray.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
 {{/*
@@ -54,10 +101,21 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/*
+Every pod template's labels: commonLabels, then the group's own ("extra": head/workers.podLabels),
+then the chart's (selector, part-of, chart): a later one wins on the same key.
+Arguments: dict "root" $ "component" <component> ["extra" <map>].
+*/}}
 {{- define "gemma3-ray.podLabels" -}}
-{{ include "gemma3-ray.podSelectorLabels" . }}
-app.kubernetes.io/part-of: gemma3-ray
-helm.sh/chart: {{ include "gemma3-ray.chart" .root }}
+{{- $l := deepCopy .root.Values.commonLabels -}}
+{{- range $k, $v := .extra -}}
+{{- $_ := set $l $k $v -}}
+{{- end -}}
+{{- $_ := set $l "app.kubernetes.io/instance" .root.Release.Name -}}
+{{- $_ := set $l "app.kubernetes.io/component" .component -}}
+{{- $_ := set $l "app.kubernetes.io/part-of" "gemma3-ray" -}}
+{{- $_ := set $l "helm.sh/chart" (include "gemma3-ray.chart" .root) -}}
+{{- toYaml $l -}}
 {{- end -}}
 
 {{- define "gemma3-ray.serviceAccountName" -}}
@@ -142,17 +200,32 @@ The RayJob's own labels: rayJob.labels, then Kueue's queue-name and priority-cla
 {{/*
 Arguments: dict "root" $ "role" "head"|"worker"|"submitter". With dependencies=image, workers run
 the training image (workers.image). The head (the driver and Ray Train's controller, which need only
-Ray) and the submitter (`ray job submit`) run the head's own image, stock Ray by default.
+Ray), the submitter (`ray job submit`) and the helm test pod run the head's own image, stock Ray by
+default. The reference is [<registry>/]<repository> then @<digest> when the group sets one (a digest
+wins over any tag), else :<tag>. The registry (the group's, else image.registry) is prefixed only to a
+repository that names none itself: one whose first part has no "." or ":" and is not "localhost"
+(the rule Docker and containerd use to tell a registry host from a Docker Hub namespace), so a
+full reference such as us-docker.pkg.dev/p/r/trainer is used as given.
 */}}
 {{- define "gemma3-ray.image" -}}
 {{- $v := .root.Values -}}
 {{- $group := ternary $v.workers $v.head (eq .role "worker") -}}
 {{- $repo := default $v.image.repository $group.image.repository -}}
+{{- $registry := default $v.image.registry $group.image.registry -}}
+{{- $first := first (splitList "/" $repo) -}}
+{{- $named := and (contains "/" $repo) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- if and $registry (not $named) -}}
+{{- $repo = printf "%s/%s" $registry $repo -}}
+{{- end -}}
+{{- if $group.image.digest -}}
+{{- printf "%s@%s" $repo $group.image.digest -}}
+{{- else -}}
 {{- $tag := printf "%s-%s" (include "gemma3-ray.rayVersion" .root) $v.image.pythonTag -}}
 {{- if and (eq .role "worker") (gt (int $v.workers.gpusPerNode) 0) -}}
 {{- $tag = printf "%s-gpu" $tag -}}
 {{- end -}}
 {{- printf "%s:%s" $repo (default $tag $group.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- trainer code and flags */}}
@@ -394,6 +467,9 @@ expands $ and `. Arguments: dict "key" <field path> "text" <text>.
 {{- end -}}
 {{- else if eq .Values.capacity.type "spot" -}}
 {{- $_ := set $sel "cloud.google.com/gke-spot" "true" -}}
+{{- else if has .Values.capacity.type (list "flex-start" "queued") -}}
+{{- /* GKE's flex-start node label, for flex-start VMs and for queued provisioning alike. */}}
+{{- $_ := set $sel "cloud.google.com/gke-flex-start" "true" -}}
 {{- end -}}
 {{- toJson (merge (deepCopy $w.nodeSelector) $sel) -}}
 {{- end -}}
@@ -406,30 +482,9 @@ expands $ and `. Arguments: dict "key" <field path> "text" <text>.
 {{- if eq .Values.capacity.type "spot" -}}
 {{- $t = append $t (dict "key" "cloud.google.com/gke-spot" "operator" "Equal" "value" "true" "effect" "NoSchedule") -}}
 {{- end -}}
+{{- if eq .Values.capacity.type "queued" -}}
+{{- /* Queued-provisioning nodes carry this taint: only pods of an admitted ProvisioningRequest land there. */}}
+{{- $t = append $t (dict "key" "cloud.google.com/gke-queued" "operator" "Equal" "value" "true" "effect" "NoSchedule") -}}
+{{- end -}}
 {{- toJson (concat $t .Values.workers.tolerations) -}}
-{{- end -}}
-
-{{/* ---------------------------------------------------------------- security */}}
-
-{{- define "gemma3-ray.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 1000
-runAsGroup: 100
-fsGroup: 100
-fsGroupChangePolicy: OnRootMismatch
-seccompProfile:
-  type: RuntimeDefault
-{{- end -}}
-
-{{- define "gemma3-ray.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-privileged: false
-runAsNonRoot: true
-runAsUser: 1000
-runAsGroup: 100
-capabilities:
-  drop:
-    - ALL
-seccompProfile:
-  type: RuntimeDefault
 {{- end -}}

@@ -15,20 +15,20 @@ two modes never drift apart. Ray pods never mount the trainer code: the job brin
 {{- $gpus := int $v.workers.gpusPerNode -}}
 metadata:
   labels:
-    {{- include "gemma3-ray.podLabels" (dict "root" $root "component" $component) | nindent 4 }}
-    {{- with $g.podLabels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-  {{- with $g.podAnnotations }}
+    {{- include "gemma3-ray.podLabels" (dict "root" $root "component" $component "extra" $g.podLabels) | nindent 4 }}
+  {{- with include "gemma3-ray.annotations" (dict "root" $root "extra" $g.podAnnotations) }}
   annotations:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
   {{- end }}
 spec:
   serviceAccountName: {{ include "gemma3-ray.serviceAccountName" $root }}
   {{- /* Only the autoscaler sidecar (head, autoscaling on) talks to the Kubernetes API. */}}
   automountServiceAccountToken: {{ and $isHead $v.workers.autoscaling.enabled }}
   securityContext:
-    {{- include "gemma3-ray.podSecurityContext" $root | nindent 4 }}
+    {{- include "gemma3-ray.securityContext" (dict "root" $root "role" .role "kind" "pod") | nindent 4 }}
+  {{- with $g.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
   {{- with $v.image.pullSecrets }}
   imagePullSecrets:
     {{- range . }}
@@ -47,6 +47,10 @@ spec:
   {{- end }}
   {{- with $g.affinity }}
   affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $g.topologySpreadConstraints }}
+  topologySpreadConstraints:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   containers:
@@ -86,7 +90,7 @@ spec:
         {{- end }}
         {{- toYaml $res | nindent 8 }}
       securityContext:
-        {{- include "gemma3-ray.containerSecurityContext" $root | nindent 8 }}
+        {{- include "gemma3-ray.securityContext" (dict "root" $root "role" .role "kind" "container") | nindent 8 }}
       lifecycle:
         preStop:
           exec:
@@ -94,6 +98,7 @@ spec:
       volumeMounts:
         - name: scratch
           mountPath: {{ $v.scratch.mountPath }}
+        {{- include "gemma3-ray.writableMounts" (dict "root" $root "role" .role) | nindent 8 }}
         {{- if and (not $isHead) $v.workers.shmSize }}
         - name: dshm
           mountPath: /dev/shm
@@ -109,6 +114,7 @@ spec:
       {{- else }}
       emptyDir: {}
       {{- end }}
+    {{- include "gemma3-ray.writableVolumes" (dict "root" $root "role" .role) | nindent 4 }}
     {{- if and (not $isHead) $v.workers.shmSize }}
     - name: dshm
       emptyDir:
@@ -136,8 +142,16 @@ autoscalerOptions:
   imagePullPolicy: {{ $v.image.pullPolicy }}
   resources:
     {{- toYaml $w.autoscaling.resources | nindent 4 }}
+  {{- /* The sidecar runs in the head pod: the head's container security context, and with a
+  read-only root the head's /tmp (KubeRay mounts the shared /tmp/ray "ray-logs" volume itself). */}}
   securityContext:
-    {{- include "gemma3-ray.containerSecurityContext" . | nindent 4 }}
+    {{- include "gemma3-ray.securityContext" (dict "root" . "role" "head" "kind" "container") | nindent 4 }}
+  {{- $headDirs := include "gemma3-ray.writableDirs" (dict "root" . "role" "head") | fromJson }}
+  {{- if hasKey $headDirs "tmp" }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+  {{- end }}
 {{- end }}
 headGroupSpec:
   serviceType: ClusterIP

@@ -47,13 +47,21 @@ def load_model(args: TrainArguments, model_dir: Path, device):
     return model
 
 
-def _load_model_on(args: TrainArguments, model_dir: Path, device):
-    """load_model in another thread: on `device` as this worker's current CUDA device."""
-    if getattr(device, "type", None) == "cuda":
+def _load_model_on(args: TrainArguments, model_dir: Path, device, cuda_index: int | None):
+    """load_model in another thread, whose current CUDA device is the calling thread's (`cuda_index`)."""
+    if cuda_index is not None:
         import torch
 
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(cuda_index)
     return load_model(args, model_dir, device)
+
+
+def _current_cuda_index(device) -> int | None:
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def lora_config(args: TrainArguments):
@@ -182,7 +190,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     # The weights load (disk -> memory) while the rows are fetched and scanned (CPU): the model phase of the
     # job start split is then only the wait for the load after the data is ready.
     with ThreadPoolExecutor(1, thread_name_prefix="load_model") as pool:
-        loading = pool.submit(_load_model_on, args, model_dir, device)
+        loading = pool.submit(_load_model_on, args, model_dir, device, _current_cuda_index(device))
         with startup_timing.phase(startup_timing.DATA):
             train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group, skip_log)
         with startup_timing.phase(startup_timing.MODEL):

@@ -81,9 +81,11 @@ def api(kube_apiserver: Path) -> Iterator[ApiServer]:
 
 ADMITTED = [
     ("shared-cluster, ephemeral", (SHARED,), {}),
-    ("shared-cluster, persistent", (SHARED,), {"mode": "persistent"}),
+    # Kueue does not queue a RayJob on an existing cluster: the persistent variant drops the queue.
+    ("shared-cluster, persistent", (SHARED,), {"mode": "persistent", "kueue.queueName": "", "kueue.priorityClass": ""}),
     ("defaults, ephemeral", (CI_DEFAULT,), {}),
     ("defaults, persistent", (CI_DEFAULT,), {"mode": "persistent"}),
+    ("per-group overrides", (CI_VALUES_DIR / "policy-values.yaml",), {}),
 ]
 
 

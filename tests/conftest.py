@@ -23,4 +23,4 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 # One real kube-apiserver per session, shared by tests/plugin and tests/lifecycle (it takes ~15 s to
 # start on a 2-core machine). Imported after sys.path holds the checkout.
-from tests.plugin.kube_apiserver import kube_apiserver  # noqa: E402, F401 - a session fixture
+from tests.plugin.kube_apiserver import kube_apiserver, kueue_crds  # noqa: E402, F401 - session fixtures

@@ -6,6 +6,8 @@
   RayJob being deleted is stopped (StopJob through the dashboard) and the finalizer removed.
 - Kubernetes' garbage collector (pkg/controller/garbagecollector): a `foregroundDeletion` owner goes
   once its dependents are deleted; dependents of a deleted owner are deleted (background).
+- With ``kueue=True``, Kueue's job reconciler and the collection of its Workloads (kueue_sim).
+- KubeRay makes no cluster for a suspended RayJob (a queued one) until it is resumed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kueue_sim
 from kube_api import ApiError, ApiServer
 
 KUBERAY_FINALIZER = "ray.io/rayjob-finalizer"
@@ -32,8 +35,10 @@ class Controllers:
     namespace: str
     workdir: Path
     operator_stops_jobs: bool = True  # False: KubeRay's finalizer is on the RayJobs, its operator gone
+    kueue: bool = False  # also Kueue's job reconciler (kueue_sim) and the collection of Workloads
     stopped_jobs: list[str] = field(default_factory=list)  # RayJobs KubeRay would have stopped (StopJob)
     errors: list[str] = field(default_factory=list)
+    _clustered: set[str] = field(default_factory=set)  # RayJobs KubeRay made a cluster for
     _stop: threading.Event = field(default_factory=threading.Event)
     _rounds: int = 0
     _thread: threading.Thread | None = None
@@ -75,7 +80,11 @@ class Controllers:
 
     def step(self) -> None:
         self._kuberay()
+        if self.kueue:
+            kueue_sim.reconcile(self.api, self.namespace)
         self._garbage_collector()
+        if self.kueue:
+            kueue_sim.collect(self.api, self.namespace)
 
     # ------------------------------------------------------------ KubeRay's RayJob controller
     def _kuberay(self) -> None:
@@ -93,8 +102,10 @@ class Controllers:
             if KUBERAY_FINALIZER not in finalizers:
                 kube.merge_patch(path, {"metadata": {"finalizers": [*finalizers, KUBERAY_FINALIZER],
                                                      "resourceVersion": meta["resourceVersion"]}})
-                if job["spec"].get("rayClusterSpec"):
-                    self._create_job_cluster(job)
+            # A suspended RayJob gets no cluster until it is resumed (rayjob_controller.go: New -> Suspended).
+            if job["spec"].get("rayClusterSpec") and not job["spec"].get("suspend") and meta["uid"] not in self._clustered:
+                self._clustered.add(meta["uid"])
+                self._create_job_cluster(job)
 
     def _create_job_cluster(self, job: dict[str, Any]) -> None:
         meta = job["metadata"]

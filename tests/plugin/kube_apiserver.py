@@ -39,6 +39,23 @@ def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         subprocess.run(["bash", str(script), "stop", str(work)], capture_output=True, timeout=60)
 
 
+KUEUE_CRDS = ("kueue-crds", "v0.19.2")
+
+
+@pytest.fixture(scope="session")
+def kueue_crds(kube_apiserver: Path) -> Path:
+    """The session's API server with Kueue v0.19.2's CRDs (../shared/kueue-crds) applied server-side,
+    once: their schemas only, no Kueue controller or webhook. Returns the admin kubeconfig."""
+    script = apiserver_script()
+    assert script is not None
+    folder = script.parents[1].joinpath(*KUEUE_CRDS)
+    assert folder.is_dir(), f"no {folder}"
+    kubectl(kube_apiserver, "apply", "--server-side", "-f", str(folder))
+    kubectl(kube_apiserver, "wait", "--for", "condition=established", "--timeout=60s",
+            *(f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.kueue.x-k8s.io" for p in sorted(folder.glob("*.yaml"))))
+    return kube_apiserver
+
+
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     out = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
                          text=True, timeout=60)

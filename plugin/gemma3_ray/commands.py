@@ -142,6 +142,10 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     rc = run_prereqs(dep, clients, dry_run=False, hf_token=hf_token)
     if rc:
         return rc
+    from gemma3_ray import down
+
+    for line in down.remove_unmanaged(cluster.load_config(args.kubeconfig, args.kube_context).CustomObjectsApi(), dep):
+        _out(line)
     rev = release.upgrade_install(helm, dep.release, chart, values, dep.namespace)
     _out(f"Release {dep.release}: revision {getattr(rev, 'revision', '?')} in namespace {dep.namespace}.")
     if args.no_follow:

@@ -79,6 +79,21 @@ def _rayjobs(custom: Any, dep: Deployment, release_exists: bool) -> tuple[Remova
     return out, found
 
 
+def remove_unmanaged(custom: Any, dep: Deployment) -> list[str]:
+    """Before `up` installs: delete the release's RayJobs Helm does not manage (the hook RayJob of an
+    earlier chart version, which would keep running, holding its GPUs, beside the new job). One line
+    per RayJob deleted."""
+    lines = []
+    for obj in _list_rayjobs(custom, dep) or []:
+        name = obj["metadata"]["name"]
+        if obj["metadata"].get("deletionTimestamp") or _managed_by_helm(obj, dep):
+            continue
+        cluster.delete_rayjob(custom, dep.namespace, name)
+        lines.append(f"Deleted RayJob {dep.namespace}/{name}: a RayJob of release {dep.release} that Helm does not "
+                     "manage (the hook of an earlier chart version), which would keep running beside the new job.")
+    return lines
+
+
 def _cluster_side(args: argparse.Namespace, dep: Deployment, custom: Any) -> Removal:
     """RayJobs Helm does not manage, then the release, then a wait until no RayJob of it is left."""
     helm = release.client(args.kubeconfig, args.kube_context)
@@ -108,10 +123,10 @@ def _stuck(dep: Deployment, left: list[dict[str, Any]], waited: float) -> UserEr
         return ClusterError(f"RayJob {dep.namespace}/{name}{others} is still there {waited:.0f} s after its deletion: "
                             f"KubeRay's finalizer holds it until the operator stops the job (is the KubeRay operator "
                             f"running?); without an operator, clear it with `{fix}` (its cluster then goes with it) and "
-                            "run `gemma3-ray down` again.")
+                            "run `gemma3-ray down --apply` again.")
     return ClusterError(f"RayJob {dep.namespace}/{name}{others} is still there {waited:.0f} s after `down` removed the "
                         f"release (finalizers: {', '.join(obj['metadata'].get('finalizers') or []) or 'none'}): check "
-                        f"`kubectl -n {dep.namespace} get rayjob {name} -o yaml` and run `gemma3-ray down` again.")
+                        f"`kubectl -n {dep.namespace} get rayjob {name} -o yaml` and run `gemma3-ray down --apply` again.")
 
 
 class _StillThere(UserError):
@@ -175,7 +190,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Callab
             out(f"  FAILED to remove {a.text}: {exc}")
             left = len(todo.actions) - done - 1
             raise UserError(f"down stopped after {done} removal(s): removing {a.text} failed ({exc}); "
-                            f"{left} more not attempted — fix that and run `gemma3-ray down` again.") from exc
+                            f"{left} more not attempted — fix that and run `gemma3-ray down --apply` again.") from exc
         done += 1
         out(f"  removed {a.text}")
     out(f"Done: removed {done}, kept {len(todo.kept)}.")

@@ -58,6 +58,12 @@ def test_up_installs_the_release_with_its_own_identity(
     monkeypatch.delenv("HELM_BIN", raising=False)
     for var in ("HELM_DATA_HOME", "HELM_CONFIG_HOME", "HELM_CACHE_HOME"):
         monkeypatch.setenv(var, str(tmp_path / "helm"))
+    # the hook RayJob of the previous chart version (named after the release): Helm never deletes it
+    kubectl(kube_apiserver, "-n", ns, "apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {
+            "name": "gemma3-ray", "labels": {"app.kubernetes.io/instance": "gemma3-ray"},
+            "annotations": {"helm.sh/hook": "post-install,post-upgrade,post-rollback"}},
+        "spec": {"entrypoint": "python vision_train.py"}}))
     values_file = tmp_path / "v.yaml"  # from an earlier `up` for an L4 on a reservation, plus a key of ours
     values_file.write_text("training:\n  recipe: tutorial\n  learning_rate: 0.0002\n"
                            "capacity:\n  type: reservation\n  reservation: l4-res\n")
@@ -79,6 +85,9 @@ def test_up_installs_the_release_with_its_own_identity(
     listed = subprocess.run([HELMS["helm4"], "list", "-q", "-n", ns, "--kubeconfig", str(kube_apiserver)],
                             capture_output=True, text=True, timeout=60)
     assert listed.stdout.split() == ["gemma3-ray"]
+    assert f"Deleted RayJob {ns}/gemma3-ray: a RayJob of release gemma3-ray that Helm does not manage" in captured.out
+    jobs = json.loads(kubectl(kube_apiserver, "-n", ns, "get", "rayjobs", "-o", "json"))["items"]
+    assert [j["metadata"]["name"] for j in jobs] == ["gemma3-ray-r1"], "only the chart's RayJob, Helm's"
 
 
 @pytest.fixture

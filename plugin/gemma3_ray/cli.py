@@ -141,11 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The commands that talk to Google Cloud and the cluster (defined in their own modules)."""
-    from gemma3_ray import commands, gke_commands, run_reports
+    from gemma3_ray import commands, gke_commands, kueue_setup, run_reports
 
     commands.register(sub, _add_common)
     gke_commands.register(sub, _add_common)
     run_reports.register(sub, _add_common)
+    kueue_setup.register(sub)
 
 
 def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:

@@ -93,7 +93,7 @@ def cmd_doctor(args: argparse.Namespace, clients: Clients | None) -> int:
         from gemma3_ray import cluster
 
         k8s = cluster.load_config(args.kubeconfig, args.kube_context)
-        kube.core, kube.api_ext = k8s.CoreV1Api(), k8s.ApiextensionsV1Api()
+        kube.core, kube.api_ext, kube.custom = k8s.CoreV1Api(), k8s.ApiextensionsV1Api(), k8s.CustomObjectsApi()
     values = _load_values(args.values) if args.values else None
     checks = doctor.run_checks(dep, clients, kube, values)
     for c in checks:

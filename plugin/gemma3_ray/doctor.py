@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gemma3_ray import bucket_setup, cluster, doctor_gke, kuberay_crd, names, prereqs
+from gemma3_ray import bucket_setup, cluster, doctor_gke, kuberay_crd, kueue_check, names, prereqs
 from gemma3_ray.checks import Check, guard
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import UserError, call_google, unreachable
@@ -21,6 +21,7 @@ class Kube:
 
     core: Any = None
     api_ext: Any = None
+    custom: Any = None  # CustomObjectsApi (Kueue's objects)
     context: str | None = None
 
 
@@ -192,6 +193,7 @@ def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, 
         ("bucket", lambda: [check_bucket(dep, clients)]),
         ("bucket grants", lambda: [check_bucket_grants(dep, clients)]),
         ("Workload Identity", lambda: check_workload_identity(dep, clients, kube)),
+        ("Kueue", lambda: kueue_check.doctor_checks(dep.namespace, dep.release, kube.custom, kube.api_ext, values)),
     ]
     out: list[Check] = []
     for name, run in groups:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gemma3_ray import cluster
+from gemma3_ray import cluster, kueue_check
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import UserError, translate
 from gemma3_ray.gcp_clients import Clients
@@ -122,6 +122,7 @@ def lines(args: argparse.Namespace, dep: Deployment, clients: Clients) -> list[s
         state.append(s)
         found = [f"RayJob {dep.namespace}/{s.name}: deployment {s.deployment_status}, job {s.job_status}"
                  + (f" ({s.message})" if s.message else "")]
+        found += kueue_check.status_lines(k8s.CustomObjectsApi(), obj)
         live = storage_of(obj)
         given = {"bucket", "prefix"} & set(dep.sources.flags)
         if live and not given and live != (dep.bucket, dep.prefix):

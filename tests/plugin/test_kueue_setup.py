@@ -1,0 +1,140 @@
+"""`kueue setup` against the real kube-apiserver with Kueue v0.19.2's CRDs: the plan changes nothing,
+--apply creates objects the server accepts with quota for the job the chart renders, a second run
+changes nothing, changed values update only its own objects, and a same-named object it did not
+create is refused before anything is applied."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gemma3_ray import kueue_objects as ko
+from gemma3_ray import kueue_setup
+from gemma3_ray.errors import UserError
+
+from tests.plugin.kube_apiserver import kubectl
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "values" / "h200-8gpu.yaml"
+QUEUED = ROOT / "charts" / "gemma3-ray" / "ci" / "kueue-queued-values.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _helm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HELM", os.environ.get("HELM", str(ROOT / ".tools" / "bin" / "helm")))
+
+
+def _args(kubeconfig: Path | None, ns: str, *values: Path, apply: bool = False, queued: bool = False,
+          name: str = "team", jobs: int = 1) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    kueue_setup.register(parser.add_subparsers())
+    argv = ["kueue", "setup", "-n", ns, "--queue", name, "--cluster-queue", f"{name}-cq", "--jobs", str(jobs)]
+    argv += [a for v in values for a in ("-f", str(v))]
+    argv += ["--apply"] * apply + ["--queued"] * queued
+    argv += ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--kubeconfig", "/nonexistent/kubeconfig"]
+    return parser.parse_args(argv)
+
+
+def _get(kubeconfig: Path, kind: str, name: str, ns: str | None = None) -> dict[str, Any] | None:
+    args = ["get", f"{ko.PLURALS[kind]}.kueue.x-k8s.io", name, "-o", "json", "--ignore-not-found"]
+    out = kubectl(kubeconfig, *args, *(["-n", ns] if ns else []))
+    return json.loads(out) if out.strip() else None
+
+
+def _ns(kubeconfig: Path, name: str) -> str:
+    kubectl(kubeconfig, "create", "namespace", name)
+    return name
+
+
+def _run(args: argparse.Namespace) -> list[str]:
+    lines: list[str] = []
+    assert kueue_setup.run(args, lines.append) == 0
+    return lines
+
+
+def _quota(cq: dict[str, Any]) -> dict[tuple[str, str], str]:
+    (group,) = cq["spec"]["resourceGroups"]
+    return {(f["name"], r["name"]): str(r["nominalQuota"]) for f in group["flavors"] for r in f["resources"]}
+
+
+def test_plan_then_apply_then_nothing_to_do(kueue_crds: Path) -> None:
+    ns = _ns(kueue_crds, "kueue-plan")
+    plan = _run(_args(kueue_crds, ns, H200, name="plan"))
+    assert any("+ create ClusterQueue plan-cq" in line for line in plan), plan
+    assert any("Dry run: nothing changed" in line for line in plan)
+    assert _get(kueue_crds, "ClusterQueue", "plan-cq") is None
+
+    _run(_args(kueue_crds, ns, H200, apply=True, name="plan"))
+    cq = _get(kueue_crds, "ClusterQueue", "plan-cq")
+    assert cq is not None
+    # values/h200-8gpu.yaml: 1 worker pod of 8 GPUs, 200 CPU, 1800Gi; a 4 CPU / 16Gi / 9Gi head; the submitter.
+    q = _quota(cq)
+    assert (q[("plan-cq-gpu", "nvidia.com/gpu")], q[("plan-cq-gpu", "cpu")], q[("plan-cq-gpu", "memory")]) == ("8", "200", "1800Gi")
+    assert q[("plan-cq-cpu", "nvidia.com/gpu")] == "0" and q[("plan-cq-cpu", "ephemeral-storage")] == "9Gi"
+    assert ko.quantity(q[("plan-cq-cpu", "cpu")]) > 4  # the head and the submitter
+    flavor = _get(kueue_crds, "ResourceFlavor", "plan-cq-gpu")
+    assert flavor is not None
+    assert flavor["spec"]["nodeLabels"] == {"cloud.google.com/gke-accelerator": "nvidia-h200-141gb",
+                                            "cloud.google.com/gke-spot": "true"}
+    lq = _get(kueue_crds, "LocalQueue", "plan", ns)
+    assert lq is not None and lq["spec"]["clusterQueue"] == "plan-cq"
+    versions = {k: _get(kueue_crds, k, n, s)["metadata"]["resourceVersion"]  # type: ignore[index]
+                for k, n, s in (("ClusterQueue", "plan-cq", None), ("LocalQueue", "plan", ns), ("ResourceFlavor", "plan-cq-gpu", None))}
+
+    again = _run(_args(kueue_crds, ns, H200, apply=True, name="plan"))
+    assert any(line.startswith("Nothing to do") for line in again), again
+    assert versions == {k: _get(kueue_crds, k, n, s)["metadata"]["resourceVersion"]  # type: ignore[index]
+                        for k, n, s in (("ClusterQueue", "plan-cq", None), ("LocalQueue", "plan", ns),
+                                        ("ResourceFlavor", "plan-cq-gpu", None))}
+
+    more = _run(_args(kueue_crds, ns, H200, apply=True, name="plan", jobs=2))
+    assert [line for line in more if line.startswith("  + ")] == ["  + update ClusterQueue plan-cq"]
+    assert _quota(_get(kueue_crds, "ClusterQueue", "plan-cq"))[("plan-cq-gpu", "nvidia.com/gpu")] == "16"  # type: ignore[arg-type]
+
+
+def test_queued_provisioning_adds_the_admission_check(kueue_crds: Path) -> None:
+    ns = _ns(kueue_crds, "kueue-queued")
+    _run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="dws"))
+    prc = _get(kueue_crds, "ProvisioningRequestConfig", "dws-cq-queued-provisioning")
+    check = _get(kueue_crds, "AdmissionCheck", "dws-cq-queued-provisioning")
+    assert prc is not None and prc["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    assert prc["spec"]["managedResources"] == ["nvidia.com/gpu"]
+    assert check is not None and check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    cq = _get(kueue_crds, "ClusterQueue", "dws-cq")
+    assert cq is not None
+    assert cq["spec"]["admissionChecksStrategy"]["admissionChecks"] == [
+        {"name": "dws-cq-queued-provisioning", "onFlavors": ["dws-cq-gpu"]}]
+    flavor = _get(kueue_crds, "ResourceFlavor", "dws-cq-gpu")
+    assert flavor is not None and flavor["spec"]["nodeLabels"]["cloud.google.com/gke-flex-start"] == "true"
+    assert {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"} in flavor["spec"]["nodeTaints"]
+    assert _quota(cq)[("dws-cq-gpu", "nvidia.com/gpu")] == "16"  # 2 pods x 8 GPUs
+
+
+def test_an_object_it_did_not_create_is_never_touched(kueue_crds: Path) -> None:
+    ns = _ns(kueue_crds, "kueue-foreign")
+    kubectl(kueue_crds, "apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": ko.API_VERSION, "kind": "ClusterQueue", "metadata": {"name": "theirs-cq"},
+        "spec": {"namespaceSelector": {}, "resourceGroups": []}}))
+    before = _get(kueue_crds, "ClusterQueue", "theirs-cq")
+    with pytest.raises(kueue_setup.ForeignObject, match="was not created by `gemma3-ray kueue setup`"):
+        kueue_setup.run(_args(kueue_crds, ns, H200, apply=True, name="theirs"), lambda _: None)
+    assert _get(kueue_crds, "ClusterQueue", "theirs-cq") == before
+    assert _get(kueue_crds, "ResourceFlavor", "theirs-cq-gpu") is None  # refused before anything was applied
+    assert _get(kueue_crds, "LocalQueue", "theirs", ns) is None
+
+
+def test_the_plan_works_without_a_cluster_and_apply_says_why_not() -> None:
+    lines = _run(_args(None, "ml", H200, name="offline"))
+    assert any("create LocalQueue ml/offline  [not checked: no cluster connection" in line for line in lines), lines
+    with pytest.raises(UserError, match="No usable kube context"):
+        kueue_setup.run(_args(None, "ml", H200, apply=True, name="offline"), lambda _: None)
+
+
+def test_values_the_chart_refuses_with_a_queue_stop_before_any_call() -> None:
+    args = _args(None, "ml", ROOT / "charts" / "gemma3-ray" / "ci" / "spot-autoscaling-values.yaml")
+    with pytest.raises(UserError, match="kueue.queueName=team needs mode=ephemeral"):
+        kueue_setup.run(args, lambda _: None)

@@ -11,6 +11,7 @@ changed (the plan refuses before anything is applied).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = verbs.add_parser("setup", allow_abbrev=False, help="plan (default) or --apply: ResourceFlavors, a ClusterQueue "
                          "with quota for the job the values render, the namespace's LocalQueue (and with --queued the "
                          "ProvisioningRequestConfig and AdmissionCheck)")
-    s.add_argument("-n", "--namespace", help="the namespace the releases run in (default: default)")
+    s.add_argument("-n", "--namespace", default=os.environ.get("HELM_NAMESPACE") or None,
+                   help="the namespace the releases run in (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
     s.add_argument("-f", "--values", action="append", help="values files of the releases (the quota is what their job asks)")
     s.add_argument("--queue", default=DEFAULT_QUEUE, help=f"LocalQueue name (default: {DEFAULT_QUEUE})")
     s.add_argument("--cluster-queue", default=DEFAULT_QUEUE, help=f"ClusterQueue name (default: {DEFAULT_QUEUE})")
@@ -220,7 +222,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "adds the ProvisioningRequest admission check")
     s.add_argument("--release", help=f"release name to render with (default: {names.PRODUCT})")
     s.add_argument("--chart", help="chart path (default: the chart beside the plugin)")
-    s.add_argument("--kubeconfig", help="kubeconfig file")
-    s.add_argument("--kube-context", help="kube context (default: the current one)")
-    s.add_argument("--apply", action="store_true", help="create or update the objects (default: print the plan only)")
+    s.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="kubeconfig file")
+    s.add_argument("--kube-context", default=os.environ.get("HELM_KUBECONTEXT") or None,
+                   help="kube context (default: the current one)")
+    s.add_argument("--apply", action="store_true",
+                   help="create or update the objects (default: print the plan only, change nothing)")
     s.set_defaults(handler=cmd_setup)

@@ -140,3 +140,33 @@ def test_one_groups_override_refuses_only_that_group(api: ApiServer, render: Cal
             assert "seccompProfile" in str(refused.value), where
         else:
             create(api, pod)
+
+
+def with_autoscaler_sidecar(head: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The head Pod as KubeRay makes it with autoscaling on: its autoscaler container
+    (ray-operator/controllers/ray/common/pod.go BuildAutoscalerContainer, then mergeAutoscalerOverrides:
+    the head's image, autoscalerOptions' resources, securityContext and volumeMounts) sharing /tmp/ray
+    through the "ray-logs" volume (addEmptyDir reuses the volume of that name)."""
+    spec = head["spec"]
+    sidecar = {"name": "autoscaler", "image": spec["containers"][0]["image"], "imagePullPolicy": "IfNotPresent",
+               "command": ["/bin/bash", "-lc", "--"],
+               "args": ["ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) --cluster-namespace $(RAY_CLUSTER_NAMESPACE)"],
+               "resources": options["resources"], "securityContext": options["securityContext"],
+               "volumeMounts": [{"name": "ray-logs", "mountPath": "/tmp/ray"}, *options.get("volumeMounts", [])]}
+    return {**head, "spec": {**spec, "containers": [*spec["containers"], sidecar]}}
+
+
+def test_the_autoscaler_sidecar_is_admitted_too(api: ApiServer, render: Callable[..., Render]) -> None:
+    # Kueue refuses autoscaling and persistent mode: this variant drops the queue.
+    r = render(SHARED, CI_VALUES_DIR / "spot-autoscaling-values.yaml", sets={"kueue.queueName": "", "kueue.priorityClass": ""})
+    options = r.one("RayCluster")["spec"]["autoscalerOptions"]
+    assert options["securityContext"]["readOnlyRootFilesystem"] is True
+    (head,) = [pod for where, pod in as_pods(r) if where == "RayCluster:head"]
+    volumes = {v["name"] for v in head["spec"]["volumes"]}
+    assert {"ray-logs", "tmp"} <= volumes and all(m["name"] in volumes for m in options["volumeMounts"])
+    created = create(api, with_autoscaler_sidecar(head, options))
+    assert [c["name"] for c in created["spec"]["containers"]] == ["ray-head", "autoscaler"]
+    unsafe = {**options, "securityContext": {**options["securityContext"], "allowPrivilegeEscalation": True}}
+    with pytest.raises(ApiError) as refused:
+        create(api, with_autoscaler_sidecar(head, unsafe))
+    assert 'violates PodSecurity "restricted:latest"' in str(refused.value) and "autoscaler" in str(refused.value)

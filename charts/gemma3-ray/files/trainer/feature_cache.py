@@ -138,6 +138,7 @@ def pre_pass_callback(cache: ImageFeatureCache, core, trainer, num_workers: int)
 
     class PrePass(TrainerCallback):
         done = False
+        t0 = 0.0
 
         def on_train_begin(self, args, state, control, **kwargs):
             if self.done or cache.max_bytes <= 0:
@@ -147,7 +148,13 @@ def pre_pass_callback(cache: ImageFeatureCache, core, trainer, num_workers: int)
             seen = pre_pass(cache, core, trainer.train_dataset, trainer.data_collator, args.device,
                             args.process_index, args.world_size, num_workers)
             cache.pre_pass = {"images": seen, "computed": cache.misses, "s": round(time.perf_counter() - t0, 2)}
+            self.t0 = time.perf_counter()
             if args.process_index == 0:
                 print(f"[trainer] image features before training: {cache.pre_pass}", flush=True)
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            if args.process_index == 0 and self.done:
+                print(f"[trainer] image features at epoch {state.epoch:.2f}: {cache.hits} reused, {cache.misses} "
+                      f"computed, {time.perf_counter() - self.t0:.1f} s of training", flush=True)
 
     return PrePass()

@@ -74,8 +74,8 @@ demo: export DEMO_START := $(shell date +%s.%N)
 demo: tools venv  ## the chart's own RayJob, end to end, on a local Ray cluster (ARGS='--max_steps=10')
 	$(PY) -m demo $(ARGS)
 
-prereqs: setup  ## plan the GCP prerequisites (dry run); APPLY=1 creates them
-	$(VENV)/bin/gemma3-ray prereqs $(if $(APPLY),,--dry-run) $(ARGS)
+prereqs: venv  ## plan the GCP prerequisites (nothing changed); APPLY=1 creates them (--apply)
+	$(VENV)/bin/gemma3-ray prereqs $(if $(APPLY),--apply,) $(ARGS)
 
 helm-plugin: tools  ## install the Helm plugin as `helm gemma3-ray` (Helm 3 and 4, honours HELM_PLUGINS)
 	scripts/install-helm-plugin.sh

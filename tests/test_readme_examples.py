@@ -93,13 +93,13 @@ def test_plugin_commands_table_parses() -> None:
 
 
 def test_make_prereqs_args_parse() -> None:
-    """`make prereqs [APPLY=1] ARGS="…"` runs `gemma3-ray prereqs [--dry-run] …` (the Makefile's rule)."""
+    """`make prereqs [APPLY=1] ARGS="…"` runs `gemma3-ray prereqs [--apply] …` (the Makefile's rule)."""
     from gemma3_ray.cli import build_parser
 
     runs = [c for c in _of("make") if c[2][1:2] == ["prereqs"]]
     assert runs
     for readme, line, words in runs:
-        argv = ["prereqs"] + ([] if "APPLY=1" in words else ["--dry-run"])
+        argv = ["prereqs"] + (["--apply"] if "APPLY=1" in words else [])
         argv += [a for w in words if w.startswith("ARGS=") for a in shlex.split(w[len("ARGS="):])]
         try:
             build_parser().parse_args(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gemma3_ray import __version__, errors, tokens
-from gemma3_ray.deployment import Deployment, from_args
+from gemma3_ray.deployment import from_args
 from gemma3_ray.errors import EXIT_FAILURE, UserError
 from gemma3_ray.gcp_clients import Clients
 
@@ -95,10 +96,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
-    from gemma3_ray import render
+    from gemma3_ray import image_build, render
 
     dep, clients = from_args(args, clients)
-    extra = image_values(dep, clients) if args.image else []
+    extra = image_build.values(dep, clients) if args.image else []
     if args.output:
         path = Path(args.output)
         text = render.render(dep, render.load(path), extra)
@@ -111,18 +112,6 @@ def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     return 0
 
 
-def image_values(dep: Deployment, clients: Clients) -> list:  # type: ignore[type-arg]
-    """The chart values of the built training image (`values --image`; see image_build)."""
-    from gemma3_ray import image_build, render
-
-    repository, tag = image_build.existing_image(dep, clients).rsplit(":", 1)
-    return [render.Value(("dependencies",), "image", "the trainer's packages come in the training image: nothing is "
-                         "installed at job start"),
-            render.Value(("workers", "image", "repository"), repository,
-                         "the training image `gemma3-ray image build` pushed (dependencies baked in)"),
-            render.Value(("workers", "image", "tag"), tag, "src-<sha256 of the Dockerfile and the files it copies>")]
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="gemma3-ray", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -133,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="values file to write; an existing one is updated in place "
                    "(its comments, order and other keys kept). Default: stdout")
     p.add_argument("--image", action="store_true", help="also the training image built by `image build` for these "
-                   "sources (an error if it is not built)")
+                   "sources (an error if it is not built); without it, image keys an earlier --image wrote are removed")
     p.set_defaults(handler=cmd_values)
     _register_more(sub)
     return parser
@@ -150,6 +139,7 @@ def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:
+    logging.getLogger("pyhelm3").addHandler(logging.NullHandler())  # its "command failed" lines: we say it once
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

@@ -103,7 +103,7 @@ def check_hf_secret(dep: Deployment, kube: Kube) -> Check:
     except UserError as exc:
         return Check(name, False, str(exc))
     if secret is None:
-        return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} is missing: run `gemma3-ray prereqs "
+        return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} is missing: run `gemma3-ray prereqs --apply "
                      f"-n {dep.namespace} --hf-token-file -` (it asks for the token without echo)")
     if dep.hf_secret_key not in (secret.data or {}):
         return Check(name, False, f"Secret {dep.namespace}/{dep.hf_secret} has no key {dep.hf_secret_key!r}: "
@@ -115,7 +115,7 @@ def check_bucket(dep: Deployment, clients: Clients) -> Check:
     def run() -> Check:
         bucket = bucket_setup.read(dep, clients)  # raises RegionMismatch / BucketOwnedElsewhere with the fix
         if bucket is None:
-            return Check("bucket", False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
+            return Check("bucket", False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs --apply`")
         return Check("bucket", True, f"gs://{dep.bucket} in {bucket.location}, cluster in {dep.region}")
 
     return guard("bucket", run)
@@ -129,14 +129,14 @@ def check_bucket_grants(dep: Deployment, clients: Clients) -> Check:
         from gemma3_ray import grants, iam_policy
 
         if bucket_setup.read(dep, clients) is None:
-            return Check(name, False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs`")
+            return Check(name, False, f"gs://{dep.bucket} does not exist: run `gemma3-ray prereqs --apply`")
         access = iam_policy.bucket_policy(clients.get_storage().bucket(dep.bucket))
         policy = call_google("read the IAM policy of", f"gs://{dep.bucket}", access.read)
         wanted = grants.for_release(dep.bucket, dep.prefix, dep.namespace, dep.release, dep.gsa_member)
         missing = [g.role for g in wanted if not grants.has(policy, g)]
         if missing:
             return Check(name, False, f"{dep.gsa_email} lacks {', '.join(missing)} on gs://{dep.bucket}/{dep.prefix}/: "
-                         f"run `gemma3-ray prereqs -n {dep.namespace} --release {dep.release}`")
+                         f"run `gemma3-ray prereqs --apply -n {dep.namespace} --release {dep.release}`")
         return Check(name, True, f"{dep.gsa_email} may use gs://{dep.bucket}/{dep.prefix}/ only")
 
     return guard(name, run)
@@ -150,13 +150,13 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
 
         if prereqs.Prereqs(dep, clients).read_gsa() is None:
             return Check("Workload Identity binding", False, f"{dep.gsa_email} does not exist: run `gemma3-ray "
-                         f"prereqs -n {dep.namespace} --release {dep.release}`")
+                         f"prereqs --apply -n {dep.namespace} --release {dep.release}`")
         access = iam_policy.service_account_policy(clients.get_iam(), dep.gsa_resource)
         policy = call_google("read the IAM policy of", dep.gsa_email, access.read)
         if access.has(policy, prereqs.WORKLOAD_IDENTITY_ROLE, dep.wi_member):
             return Check("Workload Identity binding", True, f"{dep.wi_member} may act as {dep.gsa_email}")
         return Check("Workload Identity binding", False, f"{dep.wi_member} lacks {prereqs.WORKLOAD_IDENTITY_ROLE} on "
-                     f"{dep.gsa_email}: run `gemma3-ray prereqs -n {dep.namespace} --ksa {dep.ksa}`")
+                     f"{dep.gsa_email}: run `gemma3-ray prereqs --apply -n {dep.namespace} --ksa {dep.ksa}`")
 
     out.append(guard("Workload Identity binding", binding))
     if kube.core is None:

@@ -107,7 +107,7 @@ def image_checks(dep: Deployment, clients: Clients, values: dict[str, Any] | Non
         state = image_build.image_state(clients, reg, tag)
         if state != "built":
             return [Check(name, False, f"{repository}:{tag} does not exist: run `gemma3-ray image build --apply`"
-                          + (" after `gemma3-ray prereqs --image`" if state == "no-repository" else ""))]
+                          + (" after `gemma3-ray prereqs --apply --image`" if state == "no-repository" else ""))]
         out = [Check(name, True, f"{repository}:{tag} exists")]
         try:
             current = image_build.context().tag
@@ -123,7 +123,7 @@ def image_checks(dep: Deployment, clients: Clients, values: dict[str, Any] | Non
         readers = {m for b in policy.bindings if b.role == artifact_registry.READER for m in b.members}
         lacking = [sa for sa in pullers if f"serviceAccount:{sa}" not in readers]
         out.append(Check("image pull access", not lacking, f"{', '.join(pullers)} may read {reg.host}" if not lacking
-                         else f"{', '.join(lacking)} cannot read {reg.host}: run `gemma3-ray prereqs --image`"))
+                         else f"{', '.join(lacking)} cannot read {reg.host}: run `gemma3-ray prereqs --apply --image`"))
         return out
     except UserError as exc:
         return [Check(name, False, str(exc))]

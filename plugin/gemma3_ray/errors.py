@@ -152,7 +152,7 @@ def translate(exc: Exception, action: str, resource: str) -> UserError:
         return workload_pool_missing(resource)
     if isinstance(exc, gexc.NotFound):
         return NotFound(f"Could not {action} {resource}: Google Cloud answered 404 (it does not exist, or this "
-                        "endpoint does not serve it); check the name, or run `gemma3-ray prereqs` to create it.")
+                        "endpoint does not serve it); check the name, or run `gemma3-ray prereqs --apply` to create it.")
     if isinstance(exc, gexc.RetryError):
         cause = exc.cause
         if isinstance(cause, gexc.GoogleAPICallError):
@@ -184,6 +184,14 @@ def is_transport_error(exc: BaseException) -> bool:
         type(exc).__name__ == "ApiException" and getattr(exc, "status", None) == 0)
 
 
+def kube_unreachable(where: str, why: str) -> ClusterError:
+    """The one sentence for a Kubernetes API server that does not answer (from the kubernetes client or helm)."""
+    return ClusterError(
+        f"Cannot reach the Kubernetes API server{f' at {where}' if where else ''} ({why}): check that the cluster is up "
+        "and that the kube context is the right one (`kubectl config current-context`; `gcloud container clusters "
+        "get-credentials CLUSTER --location LOCATION` writes it), or pass --kube-context/--kubeconfig; then run this again.")
+
+
 def unreachable(exc: BaseException) -> UserError | None:
     """A connection error as one sentence with the fix (None: not one). urllib3's own errors come from the
     kubernetes client (the Google clients wrap theirs in requests' or google.auth's)."""
@@ -195,11 +203,7 @@ def unreachable(exc: BaseException) -> UserError | None:
     why = "connection refused" if "refused" in why.lower() else why.split(": ", 1)[-1][:160]
     if isinstance(exc, urllib3.exceptions.HTTPError) or type(exc).__name__ == "ApiException":
         pool = getattr(exc, "pool", None)
-        where = f" at {pool.host}:{pool.port}" if pool is not None else ""
-        return ClusterError(
-            f"Cannot reach the Kubernetes API server{where} ({why}): check that the cluster is up and that the kube "
-            "context is the right one (`kubectl config current-context`; `gcloud container clusters get-credentials "
-            "CLUSTER --location LOCATION` writes it), or pass --kube-context/--kubeconfig; then run this again.")
+        return kube_unreachable(f"{pool.host}:{pool.port}" if pool is not None else "", why)
     return UserError(f"Cannot reach Google Cloud ({why}): check your network (and HTTPS_PROXY, if you use one), "
                      "then run this again.")
 
@@ -226,7 +230,7 @@ def workload_pool_missing(resource: str) -> UserError:
     return UserError(
         f"The Workload Identity pool {project}.svc.id.goog does not exist yet (no cluster of project {project} has "
         "Workload Identity): enable it with `gcloud container clusters update CLUSTER --location LOCATION "
-        f"--workload-pool={project}.svc.id.goog` (Autopilot clusters have it), then run `gemma3-ray prereqs` again."
+        f"--workload-pool={project}.svc.id.goog` (Autopilot clusters have it), then run `gemma3-ray prereqs --apply` again."
     )
 
 
@@ -240,7 +244,7 @@ def not_logged_in(detail: str = "") -> NotLoggedIn:
 
 def api_disabled(service: str, project: str = "") -> ApiDisabled:
     where = f" --project {project}" if project else ""
-    also = "" if service == SERVICE_USAGE else " (or run `gemma3-ray prereqs`, which enables it)"
+    also = "" if service == SERVICE_USAGE else " (or run `gemma3-ray prereqs --apply`, which enables it)"
     return ApiDisabled(
         f"The {service} API is disabled in project {project or '(unknown)'}: enable it with "
         f"`gcloud services enable {service}{where}`{also}, then try again."

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from gemma3_ray import gke_cluster, gke_flex_start, iam_preflight, services
+from gemma3_ray import apply_flag, gke_cluster, gke_flex_start, iam_preflight, services
 from gemma3_ray.deployment import from_args
 from gemma3_ray.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError
 from gemma3_ray.gcp_clients import Clients
@@ -95,6 +95,7 @@ def _confirm(name: str) -> bool:
 
 
 def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
+    args.dry_run = not apply_flag.applying(args, "cluster delete")
     dep, clients = from_args(args, clients)
     spec = gke_cluster.spec_from(dep, standard=False)
     container = clients.get_container()
@@ -116,7 +117,8 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
         "(`gemma3-ray down --prereqs` removes the prerequisites)")
     out(f"  {pre.mark} {pre.line()}")
     if args.dry_run:
-        out("Dry run: nothing changed.")
+        out("Dry run: nothing changed. Delete it with `gemma3-ray cluster delete --apply` (same flags; it asks for the "
+            "name first, --yes skips that).")
         return 0
     pre.require(spec.project)
     if not args.yes and not _confirm(spec.name):
@@ -156,7 +158,7 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     c = verbs.add_parser("create", allow_abbrev=False, help="plan (default) or --apply: the tutorial's Autopilot cluster "
                          "with the Ray operator add-on, or --standard with a GPU node pool")
     add_common(c)
-    c.add_argument("--apply", action="store_true", help="make the changes (default: print the plan only)")
+    apply_flag.add(c, "make the changes")
     c.add_argument("--standard", action="store_true",
                    help="a Standard cluster with a GPU node pool of --machine-type/--reservation in --zone "
                         "(default: Autopilot, which makes GPU nodes on demand)")
@@ -171,10 +173,11 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
                         "(Kueue's ProvisioningRequest; then `gemma3-ray kueue setup --queued`); default: none")
     c.set_defaults(handler=cmd_create)
 
-    d = verbs.add_parser("delete", allow_abbrev=False, help="delete the cluster (asks first; --yes to skip)")
+    d = verbs.add_parser("delete", allow_abbrev=False, help="plan (default) or --apply: delete the cluster (asks "
+                         "first; --yes to skip)")
     add_common(d)
-    d.add_argument("--yes", action="store_true", help="do not ask (needed without a terminal)")
-    d.add_argument("--dry-run", action="store_true", help="print what would be deleted, change nothing")
+    d.add_argument("--yes", action="store_true", help="with --apply: do not ask (needed without a terminal)")
+    apply_flag.add(d, "delete the cluster", dry_run_alias=True)
     d.set_defaults(handler=cmd_delete)
 
     s = verbs.add_parser("status", allow_abbrev=False, help="the cluster's state, Ray add-on, workload pool, node pools")
@@ -188,7 +191,7 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     b = verbs.add_parser("build", allow_abbrev=False, help="plan (default) or --apply: Cloud Build builds the Dockerfile "
                          "and pushes it to the repository `prereqs --image` made")
     add_common(b)
-    b.add_argument("--apply", action="store_true", help="upload the context and build (default: print the plan only)")
+    apply_flag.add(b, "upload the context and build")
     b.add_argument("--dockerfile", default=DOCKERFILE, help=f"Dockerfile, relative to the context (default: {DOCKERFILE})")
     b.add_argument("--context", help="build context directory (default: the repository holding the plugin)")
     b.add_argument("--base-image", help="the Dockerfile's BASE_IMAGE (default: rayproject/ray:<ray pin>-py311-gpu)")

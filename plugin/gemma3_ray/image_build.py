@@ -159,10 +159,22 @@ def existing_image(dep: Deployment, clients: Clients, ctx: Context | None = None
     state = image_state(clients, reg, ctx.tag)
     if state == "built":
         return reg.image(ctx.tag)
-    how = "`gemma3-ray prereqs --image`, then `gemma3-ray image build --apply`" if state == "no-repository" \
+    how = "`gemma3-ray prereqs --apply --image`, then `gemma3-ray image build --apply`" if state == "no-repository" \
         else "`gemma3-ray image build --apply`"
     raise NotFound(f"The training image {reg.image(ctx.tag)} (built from {ctx.dockerfile} as it is now) does not exist: "
                    f"build it with {how}, or leave out --image to install dependencies through the runtime env.")
+
+
+def values(dep: Deployment, clients: Clients) -> list[Any]:
+    """The chart values of the built training image (`values --image`, `up --image`): keys render owns."""
+    from gemma3_ray import render
+
+    repository, tag = existing_image(dep, clients).rsplit(":", 1)
+    return [render.Value(render.DEPENDENCIES, "image", "the trainer's packages come in the training image: nothing is "
+                         "installed at job start"),
+            render.Value(render.IMAGE_REPOSITORY, repository,
+                         "the training image `gemma3-ray image build` pushed (dependencies baked in)"),
+            render.Value(render.IMAGE_TAG, tag, "src-<sha256 of the Dockerfile and the files it copies>")]
 
 
 def build_request(reg: Registry, ctx: Context) -> Any:
@@ -240,7 +252,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
         return 0
     ready = state != "no-repository"
     out(f"  {'=' if ready else '!'} Artifact Registry repository {reg.host}"
-        + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --image`"))
+        + ("" if ready else " MISSING: create it with `gemma3-ray prereqs --apply --image`"))
     storage = clients.get_storage()
     try:
         call_google("read", f"gs://{reg.staging_bucket}", lambda: storage.get_bucket(reg.staging_bucket), not_found=True)
@@ -248,7 +260,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     except gexc.NotFound:
         staged = False
     out(f"  {'=' if staged else '!'} build staging bucket gs://{reg.staging_bucket}"
-        + ("" if staged else " MISSING: create it with `gemma3-ray prereqs --image`"))
+        + ("" if staged else " MISSING: create it with `gemma3-ray prereqs --apply --image`"))
     out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
     out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile}{args_text} . -> push {image} "
         f"(log: gs://{reg.staging_bucket}/logs/)")
@@ -258,7 +270,7 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
         return 0
     if not (ready and staged):
         what = f"The Artifact Registry repository {reg.path}" if not ready else f"The build staging bucket gs://{reg.staging_bucket}"
-        raise NotFound(f"{what} does not exist: run `gemma3-ray prereqs --image` first.")
+        raise NotFound(f"{what} does not exist: run `gemma3-ray prereqs --apply --image` first.")
     pre.require(dep.project)
     out(f"  ... uploading gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
     blob = storage.bucket(reg.staging_bucket).blob(f"source/{ctx.tag}.tgz")

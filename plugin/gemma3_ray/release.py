@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gemma3_ray.errors import EXIT_USAGE, ClusterError, NotFound, UserError
+from gemma3_ray.errors import EXIT_USAGE, ClusterError, NotFound, UserError, kube_unreachable
 from gemma3_ray.tokens import shown
 
 # The chart beside the plugin in this repository (plugin/ and charts/ are siblings).
@@ -61,7 +61,7 @@ def upgrade_install(helm: Any, release: str, chart: Path, values: list[dict[str,
     try:
         return asyncio.run(_upgrade(helm, release, chart, values, namespace))
     except Exception as exc:
-        raise ClusterError(f"helm upgrade --install {release} failed: {_first_line(exc)}.") from exc
+        raise _failed(f"helm upgrade --install {release}", exc) from exc
 
 
 def template(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> list[Any]:
@@ -99,8 +99,7 @@ def exists(helm: Any, release: str, namespace: str) -> bool:
     except ReleaseNotFoundError:
         return False
     except Exception as exc:
-        raise ClusterError(f"helm status {release} failed: {_first_line(exc)}; check the kube context "
-                           "(`kubectl config current-context`).") from exc
+        raise _failed(f"helm status {release}", exc, "; check the kube context (`kubectl config current-context`)") from exc
     return True
 
 
@@ -109,7 +108,19 @@ def uninstall(helm: Any, release: str, namespace: str) -> None:
     try:
         asyncio.run(helm.uninstall_release(release, namespace=namespace, wait=False))
     except Exception as exc:
-        raise ClusterError(f"helm uninstall {release} -n {namespace} failed: {_first_line(exc)}.") from exc
+        raise _failed(f"helm uninstall {release} -n {namespace}", exc) from exc
+
+
+_UNREACHABLE_RE = re.compile(r'cluster unreachable: Get "https?://([^/"]+)[^"]*": (?:.*: )?([^:]+)$')
+
+
+def _failed(what: str, exc: Exception, fix: str = "") -> UserError:
+    """helm's failure as one sentence: an API server it cannot reach reads as everywhere else."""
+    line = _first_line(exc)
+    m = _UNREACHABLE_RE.search(line)
+    if m:
+        return kube_unreachable(m.group(1), m.group(2).strip())
+    return ClusterError(f"{what} failed: {line}{fix}.")
 
 
 def _first_line(exc: Exception) -> str:

@@ -102,6 +102,11 @@ def training_for_gpu(accelerator: str) -> list[Value]:
                   "the fast recipe needs ~71-108 GiB on Gemma 3 4B (bench/RESULTS.md)")]
 
 
+# The training image's keys (`values --image`, image_build.values): owned like the others, so a run
+# without --image removes them (the chart then installs the dependencies through the runtime env).
+DEPENDENCIES = ("dependencies",)
+IMAGE_REPOSITORY = ("workers", "image", "repository")
+IMAGE_TAG = ("workers", "image", "tag")
 # Every key the plugin may write; the training keys are whatever training_for_gpu writes for some GPU.
 _FIXED_OWNED: tuple[tuple[str, ...], ...] = (
     ("serviceAccount", "create"), ("serviceAccount", "name"), ("serviceAccount", "gcpServiceAccount"),
@@ -109,6 +114,7 @@ _FIXED_OWNED: tuple[tuple[str, ...], ...] = (
     ("storage", "bucket"), ("storage", "prefix"),
     ("workers", "replicas"), ("workers", "gpusPerNode"), ("workers", "accelerator"), ("workers", "resources"),
     ("capacity", "type"), ("capacity", "reservation"),
+    DEPENDENCIES, IMAGE_REPOSITORY, IMAGE_TAG,
 )
 
 

@@ -94,13 +94,15 @@ def _gsa_removal(dep: Deployment, p: Prereqs, gsa: Any, others: list[grants.Hold
     owner = gsa_owner(gsa.description)
     users = sorted(members - {dep.wi_member}) + [f"release {h.name} (bucket grants)" for h in others
                                                   if dep.gsa_member in h.members]
-    if owner != dep.owner:
-        made = f"created for release {owner}" if owner else "not created by `prereqs`"
-        out.kept.append(f"Google service account {dep.gsa_email} ({made})")
+    # The references: every release using the account has its Workload Identity binding on the account's own
+    # policy (and grants naming it on the bucket); the last release to go deletes it, whichever created it.
+    if owner is None:
+        out.kept.append(f"Google service account {dep.gsa_email} (not created by `prereqs`)")
     elif users:
         out.kept.append(f"Google service account {dep.gsa_email} (still used by {', '.join(users)})")
     else:
-        out.actions.append(Action(f"Google service account {dep.gsa_email}", lambda: _delete_gsa(p, dep)))
+        last = "" if owner == dep.owner else f" (created for release {owner}; no release uses it any more)"
+        out.actions.append(Action(f"Google service account {dep.gsa_email}{last}", lambda: _delete_gsa(p, dep)))
     return out
 
 

@@ -30,7 +30,7 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
     clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam,
                       service_usage=fake_usage, core_v1=core)
     monkeypatch.delenv("MY_HF", raising=False)
-    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 2
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 2
     assert "MY_HF is empty or unset" in capsys.readouterr().err
 
     monkeypatch.setenv("MY_HF", TOKEN)
@@ -39,21 +39,21 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
     assert "create Secret ml/hf-secret with the Hugging Face token under key hf_api_token (value not shown)" in out.out
     assert core.writes == []
 
-    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
     out = capsys.readouterr()
     secret = core.secrets[("ml", "hf-secret")]
     assert base64.b64decode(secret.data["hf_api_token"]).decode() == TOKEN
     assert secret.metadata.labels == {"app.kubernetes.io/managed-by": "gemma3-ray"}
 
     monkeypatch.setenv("MY_HF", TOKEN + "-rotated")
-    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
     out2 = capsys.readouterr()
     assert "update Secret ml/hf-secret" in out2.out
     assert core.writes == ["create", "create", "replace"]  # create met 409, then replaced
     for captured in (out, out2):
         assert TOKEN not in captured.out + captured.err
 
-    assert cli.main(["prereqs", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 0
     assert "Nothing to do" in capsys.readouterr().out
 
 
@@ -100,9 +100,9 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     failing = {c.name: c for c in doctor.run_checks(dep, clients, kube) if not c.ok}
     assert "install the KubeRay operator" in failing["rayjobs.ray.io"].detail
     assert "--hf-token-file -" in failing["Hugging Face Secret"].detail
-    assert "run `gemma3-ray prereqs`" in failing["bucket"].detail
-    assert "run `gemma3-ray prereqs`" in failing["bucket grants"].detail
-    assert "run `gemma3-ray prereqs -n ml" in failing["Workload Identity binding"].detail
+    assert "run `gemma3-ray prereqs --apply`" in failing["bucket"].detail
+    assert "run `gemma3-ray prereqs --apply`" in failing["bucket grants"].detail
+    assert "run `gemma3-ray prereqs --apply -n ml" in failing["Workload Identity binding"].detail
     assert "the chart creates it" in failing["KSA annotation"].detail
 
     from gemma3_ray import commands

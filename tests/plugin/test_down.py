@@ -39,7 +39,7 @@ def _wi_members(iam: FakeIAM, gsa: str) -> set[str]:
 def two_releases(gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
                  capsys: pytest.CaptureFixture[str]) -> str:
     for ns in ("team-a", "team-b"):
-        assert cli.main(["prereqs", *BASE, "-n", ns], _clients(gcs_iam_emulator, fake_iam, fake_usage)) == 0
+        assert cli.main(["prereqs", "--apply", *BASE, "-n", ns], _clients(gcs_iam_emulator, fake_iam, fake_usage)) == 0
         bucket = storage_client(gcs_iam_emulator).bucket(BUCKET)
         for name in ("runs/r1-x/metrics.jsonl", "runs/r1-x/checkpoint_000001/model.pt"):
             bucket.blob(f"gemma3-ray/{ns}/gemma3-ray/{name}").upload_from_string("x")
@@ -62,7 +62,7 @@ def test_two_releases_coexist_and_one_goes_without_touching_the_other(
     assert "Dry run: nothing changed" in capsys.readouterr().out
     assert len(fake_iam.accounts) == 2 and len(_objects(url)) == 6
 
-    assert cli.main(["down", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
+    assert cli.main(["down", "--apply", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
     out = capsys.readouterr().out
     assert f"removed Google service account {_gsa('team-a')}" in out
     assert f"removed {prereqs.WORKLOAD_IDENTITY_ROLE} on {_gsa('team-a')} for {_wi('team-a')}" in out
@@ -80,7 +80,7 @@ def test_two_releases_coexist_and_one_goes_without_touching_the_other(
     assert storage_client(url).lookup_bucket(BUCKET) is not None
 
     # idempotent: the second `down` finds nothing and says so, exit 0
-    assert cli.main(["down", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
+    assert cli.main(["down", "--apply", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
     out = capsys.readouterr().out
     assert "Nothing to remove" in out and "removed" not in out
     assert f"nothing to remove: Google service account {_gsa('team-a')}" in out
@@ -91,18 +91,26 @@ def test_a_shared_service_account_is_kept_and_its_users_named(
 ) -> None:
     clients = _clients(gcs_iam_emulator, fake_iam, fake_usage)
     for ns in ("team-a", "team-b"):
-        assert cli.main(["prereqs", *BASE, "-n", ns, "--gsa-name", "shared-trainer"], clients) == 0
+        assert cli.main(["prereqs", "--apply", *BASE, "-n", ns, "--gsa-name", "shared-trainer"], clients) == 0
     shared = f"shared-trainer@{PROJECT}.iam.gserviceaccount.com"
     assert "release team-a/gemma3-ray" in fake_iam.accounts[shared].description  # team-a created it
     capsys.readouterr()
 
-    assert cli.main(["down", *GCP_ONLY, *BASE, "-n", "team-a", "--gsa-name", "shared-trainer"], clients) == 0
+    assert cli.main(["down", "--apply", *GCP_ONLY, *BASE, "-n", "team-a", "--gsa-name", "shared-trainer"], clients) == 0
     out = capsys.readouterr().out
     assert f"keep Google service account {shared} (still used by {_wi('team-b')}" in out
     assert "release team-b/gemma3-ray (bucket grants)" in out
     assert shared in fake_iam.accounts
     assert _wi_members(fake_iam, shared) == {_wi("team-b")}
     assert _titles(gcs_iam_emulator) == {"gemma3-ray team-b/gemma3-ray"}
+
+    # team-b is the last release using it: its `down` deletes it, though team-a created it (never orphaned)
+    assert cli.main(["down", *GCP_ONLY, *BASE, "-n", "team-b", "--gsa-name", "shared-trainer"], clients) == 0
+    assert "Dry run: nothing changed" in capsys.readouterr().out and shared in fake_iam.accounts
+    assert cli.main(["down", "--apply", *GCP_ONLY, *BASE, "-n", "team-b", "--gsa-name", "shared-trainer"], clients) == 0
+    out = capsys.readouterr().out
+    assert f"removed Google service account {shared} (created for release team-a/gemma3-ray; no release uses it" in out
+    assert shared not in fake_iam.accounts
 
 
 def test_data_another_release_still_uses_is_not_deleted(
@@ -112,11 +120,11 @@ def test_data_another_release_still_uses_is_not_deleted(
     the objects (it removes team-a's grants and service account all the same)."""
     url = two_releases
     clients = _clients(url, fake_iam, fake_usage)
-    assert cli.main(["prereqs", *BASE, "-n", "audit", "--release", "reader", "--prefix", "gemma3-ray/team-a"],
+    assert cli.main(["prereqs", "--apply", *BASE, "-n", "audit", "--release", "reader", "--prefix", "gemma3-ray/team-a"],
                     clients) == 0
     capsys.readouterr()
     before = _objects(url)
-    assert cli.main(["down", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
+    assert cli.main(["down", "--apply", *GCP_ONLY, "--delete-data", *BASE, "-n", "team-a"], clients) == 0
     out = capsys.readouterr().out
     assert "not deleted: release audit/reader uses that prefix too" in out
     assert _objects(url) == before
@@ -129,9 +137,9 @@ def test_a_service_account_prereqs_did_not_create_is_kept(
     fake_iam.create_service_account(request={"name": f"projects/{PROJECT}", "account_id": "team-owned-sa",
                                              "service_account": {"description": "ours"}})
     clients = _clients(gcs_iam_emulator, fake_iam, fake_usage)
-    assert cli.main(["prereqs", *BASE, "--gsa-name", "team-owned-sa"], clients) == 0
+    assert cli.main(["prereqs", "--apply", *BASE, "--gsa-name", "team-owned-sa"], clients) == 0
     capsys.readouterr()
-    assert cli.main(["down", *GCP_ONLY, *BASE, "--gsa-name", "team-owned-sa"], clients) == 0
+    assert cli.main(["down", "--apply", *GCP_ONLY, *BASE, "--gsa-name", "team-owned-sa"], clients) == 0
     out = capsys.readouterr().out
     assert "keep Google service account team-owned-sa@" in out and "not created by `prereqs`" in out
     assert f"team-owned-sa@{PROJECT}.iam.gserviceaccount.com" in fake_iam.accounts
@@ -142,7 +150,7 @@ def test_a_failed_step_is_an_error_not_a_success_line(
     two_releases: str, fake_usage: FakeServiceUsage, fake_iam: FakeIAM, capsys: pytest.CaptureFixture[str],
 ) -> None:
     fake_iam.allowed = {"iam.serviceAccounts.get", "iam.serviceAccounts.getIamPolicy", "iam.serviceAccounts.setIamPolicy"}
-    rc = cli.main(["down", *GCP_ONLY, *BASE, "-n", "team-a"], _clients(two_releases, fake_iam, fake_usage))
+    rc = cli.main(["down", "--apply", *GCP_ONLY, *BASE, "-n", "team-a"], _clients(two_releases, fake_iam, fake_usage))
     captured = capsys.readouterr()
     assert rc == 1
     assert "FAILED to remove Google service account" in captured.out

@@ -63,7 +63,8 @@ def _install(kubeconfig: Path, chart: Path, ns: str) -> None:
 
 
 def _down(kubeconfig: Path, ns: str, *extra: str) -> int:
-    return cli.main(["down", "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig", str(kubeconfig),
+    acts = [] if "--dry-run" in extra else ["--apply"]  # down plans unless --apply
+    return cli.main(["down", *acts, "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig", str(kubeconfig),
                      *extra], Clients(project=PROJECT))
 
 

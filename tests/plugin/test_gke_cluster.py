@@ -221,7 +221,7 @@ def test_delete_asks_refuses_without_a_tty_and_is_idempotent(
     assert cli.main(["cluster", "create", "--apply", *BASE], _clients(fake)) == 0
     capsys.readouterr()
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a terminal
-    assert cli.main(["cluster", "delete", *BASE], _clients(fake)) == 2
+    assert cli.main(["cluster", "delete", "--apply", *BASE], _clients(fake)) == 2
     assert "no terminal to ask on; pass --yes" in capsys.readouterr().err
     assert cli.main(["cluster", "delete", "--dry-run", *BASE], _clients(fake)) == 0
     assert f"- delete cluster {PATH}" in capsys.readouterr().out
@@ -231,16 +231,16 @@ def test_delete_asks_refuses_without_a_tty_and_is_idempotent(
             return True
 
     monkeypatch.setattr("sys.stdin", Tty("gemma3-rai\n"))
-    assert cli.main(["cluster", "delete", *BASE], _clients(fake)) == 1
+    assert cli.main(["cluster", "delete", "--apply", *BASE], _clients(fake)) == 1
     assert "Not deleted" in capsys.readouterr().out
     assert [c for c in fake.mutations() if c[0] == "delete_cluster"] == []
 
     monkeypatch.setattr("sys.stdin", Tty("gemma3-ray\n"))
-    assert cli.main(["cluster", "delete", *BASE], _clients(fake)) == 0
+    assert cli.main(["cluster", "delete", "--apply", *BASE], _clients(fake)) == 0
     out = capsys.readouterr().out
     assert "delete cluster gemma3-ray: DONE" in out and "Deleted cluster gemma3-ray." in out
     assert fake.clusters == {}
-    assert cli.main(["cluster", "delete", "--yes", *BASE], _clients(fake)) == 0
+    assert cli.main(["cluster", "delete", "--apply", "--yes", *BASE], _clients(fake)) == 0
     assert "Nothing to delete" in capsys.readouterr().out
 
 
@@ -305,7 +305,7 @@ def test_a_cluster_already_being_deleted_is_waited_for(gcloud: GcloudHome, capsy
     spec = gke_cluster.ClusterSpec(PROJECT, REGION, "gemma3-ray")
     fake.ready(REGION, gke_cluster.desired_cluster(spec))
     fake.delete_cluster(request={"name": spec.path})  # someone else's delete
-    assert cli.main(["cluster", "delete", "--yes", *BASE], _clients(fake)) == 0
+    assert cli.main(["cluster", "delete", "--apply", "--yes", *BASE], _clients(fake)) == 0
     assert "already being deleted (STOPPING)" in capsys.readouterr().out
     assert fake.clusters == {}
     assert [c for c in fake.mutations() if c[0] == "delete_cluster"] == [("delete_cluster", spec.path)]

@@ -128,7 +128,7 @@ def test_prereqs_image_grants_only_the_node_pull_identity_and_the_builder(
     assert "for the Cloud Build service account (read once the API is enabled)" in out
     assert cloud.registry.mutations() == [] and cloud.usage.mutations() == []
 
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     capsys.readouterr()
     assert set(cloud.registry.repositories) == {REPO}
     policy = cloud.registry.policies[REPO]
@@ -139,7 +139,7 @@ def test_prereqs_image_grants_only_the_node_pull_identity_and_the_builder(
     bucket = storage_client(cloud.url).get_bucket(STAGING)
     assert bucket.iam_configuration.public_access_prevention == "enforced"
 
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     assert "Nothing to do" in capsys.readouterr().out
 
 
@@ -157,15 +157,15 @@ def test_build_plans_then_pushes_then_values_writes_it(
     tag = image_build.context(source).tag
     assert cli.main(build, cloud.clients()) == 0
     out = capsys.readouterr().out
-    assert f"! Artifact Registry repository {HOST} MISSING: create it with `gemma3-ray prereqs --image`" in out
+    assert f"! Artifact Registry repository {HOST} MISSING: create it with `gemma3-ray prereqs --apply --image`" in out
     assert f"push {HOST}/trainer:{tag}" in out and "Dry run: nothing changed" in out
     assert cli.main([*build, "--apply"], cloud.clients()) == 1
-    assert "run `gemma3-ray prereqs --image` first" in capsys.readouterr().err
+    assert "run `gemma3-ray prereqs --apply --image` first" in capsys.readouterr().err
     assert cli.main(["values", "--image", *BASE], cloud.clients()) == 1
-    assert "build it with `gemma3-ray prereqs --image`, then `gemma3-ray image build --apply`" in capsys.readouterr().err
+    assert "build it with `gemma3-ray prereqs --apply --image`, then `gemma3-ray image build --apply`" in capsys.readouterr().err
     assert cloud.build.mutations() == []
 
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     capsys.readouterr()
     assert cli.main([*build, "--apply"], cloud.clients()) == 0
     out = capsys.readouterr().out
@@ -199,7 +199,7 @@ def test_build_plans_then_pushes_then_values_writes_it(
 def test_a_failed_build_prints_its_log_and_pushes_nothing(
     cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     capsys.readouterr()
     cloud.build.fail_step = "ERROR: No matching distribution found for torch==2.11.0"
     assert cli.main(["image", "build", "--apply", "--context", str(source), *BASE], cloud.clients()) == 1
@@ -210,7 +210,7 @@ def test_a_failed_build_prints_its_log_and_pushes_nothing(
 
 
 def test_the_builder_grant_is_what_lets_it_push(cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     policy = cloud.registry.policies[REPO]
     for b in policy.bindings:
         if b.role == "roles/artifactregistry.writer":
@@ -223,7 +223,7 @@ def test_the_builder_grant_is_what_lets_it_push(cloud: Cloud, source: Path, caps
 def test_missing_build_permissions_stop_it_before_the_upload(
     cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     cloud.rm.granted = {"artifactregistry.repositories.get", "artifactregistry.tags.get", "storage.objects.create"}
     assert cli.main(["image", "build", "--apply", "--context", str(source), *BASE], cloud.clients()) == 1
     err = capsys.readouterr().err
@@ -243,10 +243,10 @@ def test_doctor_checks_the_image_the_values_name(
     tag = image_build.context().tag
     values = {"workers": {"image": {"repository": f"{HOST}/trainer", "tag": tag}}}
     (missing,) = doctor_gke.image_checks(dep, cloud.clients(), values)
-    assert not missing.ok and "after `gemma3-ray prereqs --image`" in missing.detail
+    assert not missing.ok and "after `gemma3-ray prereqs --apply --image`" in missing.detail
     assert doctor_gke.image_checks(dep, cloud.clients(), {"workers": {"image": {"repository": "rayproject/ray"}}}) == []
 
-    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     assert cli.main(["image", "build", "--apply", *BASE], cloud.clients()) == 0
     capsys.readouterr()
     checks = doctor_gke.image_checks(dep, cloud.clients(), values)
@@ -259,7 +259,7 @@ def test_doctor_checks_the_image_the_values_name(
             b.members.remove(f"serviceAccount:{NODES}")
     by_name = {c.name: c for c in doctor_gke.image_checks(dep, cloud.clients(), values)}
     assert by_name["training image sources"].line().startswith("[warn]")
-    assert not by_name["image pull access"].ok and "run `gemma3-ray prereqs --image`" in by_name["image pull access"].detail
+    assert not by_name["image pull access"].ok and "run `gemma3-ray prereqs --apply --image`" in by_name["image pull access"].detail
 
 
 @pytest.mark.usefixtures("gcloud_home")
@@ -310,6 +310,6 @@ def test_a_missing_staging_bucket_is_named_not_a_traceback(cloud: Cloud, source:
     assert cli.main(build, cloud.clients()) == 0
     assert f"! build staging bucket gs://{STAGING} MISSING" in capsys.readouterr().out
     assert cli.main([*build, "--apply"], cloud.clients()) == 1
-    assert f"The build staging bucket gs://{STAGING} does not exist: run `gemma3-ray prereqs --image` first." in \
+    assert f"The build staging bucket gs://{STAGING} does not exist: run `gemma3-ray prereqs --apply --image` first." in \
         capsys.readouterr().err
     assert cloud.build.mutations() == []

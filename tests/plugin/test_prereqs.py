@@ -37,7 +37,7 @@ def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
     rec = Recorder()
     args = [*BASE, "-n", "team-a", "--ksa", "trainer"]
     gsa = f"{names.release_gsa_id('team-a', 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
-    assert cli.main(["prereqs", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
+    assert cli.main(["prereqs", "--apply", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
     out = capsys.readouterr().out
     assert f"+ create bucket gs://{BUCKET} in {REGION}" in out
     assert "Done: 6 change(s) applied." in out
@@ -61,7 +61,7 @@ def test_apply_creates_least_privilege_prereqs_and_second_run_has_nothing_to_do(
         f"serviceAccount:{PROJECT}.svc.id.goog[team-a/trainer]"}
 
     mutations = (len(rec.mutations()), len(fake_iam.mutations()), len(fake_usage.mutations()))
-    assert cli.main(["prereqs", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
+    assert cli.main(["prereqs", "--apply", *args], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)) == 0
     out = capsys.readouterr().out
     assert "Nothing to do: every prerequisite is in place." in out
     assert "+ " not in out
@@ -124,7 +124,7 @@ def test_iam_404_right_after_creating_the_service_account_is_waited_out(
     """Issue #12 (6): real IAM answers getIamPolicy/setIamPolicy on a just-created account with 404
     for a while; that escaped as google.api_core.exceptions.NotFound."""
     iam = FakeIAM(not_found_after_create=3)
-    assert cli.main(["prereqs", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 0, capsys.readouterr().err
+    assert cli.main(["prereqs", "--apply", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 0, capsys.readouterr().err
     assert _sa_members(iam, prereqs.WORKLOAD_IDENTITY_ROLE) == {
         f"serviceAccount:{PROJECT}.svc.id.goog[default/gemma3-ray]"}
     assert [c for c in iam.calls if c[0] == "get_iam_policy"].__len__() >= 4
@@ -135,7 +135,7 @@ def test_a_project_without_a_workload_pool_fails_at_once_with_the_fix(
 ) -> None:
     """Issue #12 (6): real IAM's 400 "Identity Pool does not exist" is permanent: no 38 s of retries."""
     iam = FakeIAM(workload_pools=set())
-    assert cli.main(["prereqs", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 1
+    assert cli.main(["prereqs", "--apply", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 1
     err = _one_sentence_error(capsys)
     assert f"--workload-pool={PROJECT}.svc.id.goog" in err and "gcloud container clusters update" in err
     assert [c[0] for c in iam.calls].count("set_iam_policy") == 1, "a permanent 400 is not retried"
@@ -156,7 +156,7 @@ def test_offline_plan_without_credentials(gcloud_home, tmp_path: Path, monkeypat
                      f"{PROJECT}.svc.id.goog[team-a/gemma3-ray]", "iamcredentials.googleapis.com"):
         assert expected in out
     assert "gcloud auth application-default login" in out
-    assert cli.main(["prereqs", *BASE]) == 1
+    assert cli.main(["prereqs", "--apply", *BASE]) == 1
     assert "Not logged in" in _one_sentence_error(capsys)
 
 
@@ -168,7 +168,7 @@ def test_notfound_from_a_storage_endpoint_without_iam_is_one_sentence(
     storage_client(url).create_bucket(BUCKET)
     fake_iam.create_service_account(request={"name": f"projects/{PROJECT}",
                                              "account_id": names.release_gsa_id("default", "gemma3-ray")})
-    assert cli.main(["prereqs", *BASE], _clients(url, fake_iam, fake_usage)) == 1
+    assert cli.main(["prereqs", "--apply", *BASE], _clients(url, fake_iam, fake_usage)) == 1
     err = _one_sentence_error(capsys)
     assert f"gs://{BUCKET}" in err and "404" in err
 
@@ -208,7 +208,7 @@ def test_permission_denied_names_the_permission_and_the_role(
     gcs_iam_emulator: str, fake_usage: FakeServiceUsage, capsys: pytest.CaptureFixture[str],
 ) -> None:
     iam = FakeIAM(allowed={"iam.serviceAccounts.get", "iam.serviceAccounts.getIamPolicy"})
-    assert cli.main(["prereqs", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 1
+    assert cli.main(["prereqs", "--apply", *BASE], _clients(gcs_iam_emulator, iam, fake_usage)) == 1
     err = _one_sentence_error(capsys)
     assert "'iam.serviceAccounts.create'" in err and "roles/iam.serviceAccountAdmin" in err
 
@@ -228,7 +228,7 @@ def test_bucket_of_another_project_is_refused(
 ) -> None:
     storage_client(gcs_iam_emulator).create_bucket("taken-name")  # the emulator's project number: 123456789012
     usage = FakeServiceUsage(project_number="999999999999")  # ours differs
-    rc = cli.main(["prereqs", *BASE, "--bucket", "taken-name"], _clients(gcs_iam_emulator, fake_iam, usage))
+    rc = cli.main(["prereqs", "--apply", *BASE, "--bucket", "taken-name"], _clients(gcs_iam_emulator, fake_iam, usage))
     assert rc == 1
     err = _one_sentence_error(capsys)
     assert "'taken-name' is taken by another project" in err and "--bucket" in err
@@ -240,7 +240,7 @@ def test_bucket_in_another_region_is_refused(
 ) -> None:
     url = fake_gcs_factory("EUROPE-WEST4")  # fake-gcs-server puts every bucket in its -location
     storage_client(url).create_bucket(BUCKET)
-    assert cli.main(["prereqs", *BASE], _clients(url, fake_iam, fake_usage)) == 1
+    assert cli.main(["prereqs", "--apply", *BASE], _clients(url, fake_iam, fake_usage)) == 1
     err = _one_sentence_error(capsys)
     assert f"gs://{BUCKET} is in EUROPE-WEST4 but the cluster is in {REGION}" in err
 
@@ -272,7 +272,7 @@ def test_invalid_names_fail_before_any_api_call(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     rec = Recorder()
-    rc = cli.main(["prereqs", *BASE, flag, value], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    rc = cli.main(["prereqs", "--apply", *BASE, flag, value], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
     assert rc == 2
     err = _one_sentence_error(capsys)
     assert field.lower() in err.lower() and value in err

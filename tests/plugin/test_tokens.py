@@ -85,22 +85,22 @@ def test_token_from_a_file_and_from_stdin(gcs_iam_emulator: str, tmp_path: Path,
     core = FakeCore()
     path = tmp_path / "hf-token"
     path.write_text(TOKEN + "\n")
-    assert cli.main(["prereqs", *BASE, "--hf-token-file", str(path)], _clients(gcs_iam_emulator, core)) == 0
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-file", str(path)], _clients(gcs_iam_emulator, core)) == 0
     secret = core.secrets[("ml", "hf-secret")]
     assert base64.b64decode(secret.data["hf_api_token"]).decode() == TOKEN
     out = capsys.readouterr()
     assert TOKEN not in out.out + out.err
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(TOKEN + "-2\n"))
-    assert cli.main(["prereqs", *BASE, "--hf-token-file", "-"], _clients(gcs_iam_emulator, core)) == 0
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-file", "-"], _clients(gcs_iam_emulator, core)) == 0
     assert base64.b64decode(core.secrets[("ml", "hf-secret")].data["hf_api_token"]).decode() == TOKEN + "-2"
     out = capsys.readouterr()
     assert "update Secret ml/hf-secret" in out.out and TOKEN not in out.out + out.err
 
     path.write_text("\n")
-    assert cli.main(["prereqs", *BASE, "--hf-token-file", str(path)], _clients(gcs_iam_emulator, core)) == 2
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-file", str(path)], _clients(gcs_iam_emulator, core)) == 2
     assert "holds no token" in capsys.readouterr().err
-    assert cli.main(["prereqs", *BASE, "--hf-token-file", str(tmp_path / "missing")],
+    assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-file", str(tmp_path / "missing")],
                     _clients(gcs_iam_emulator, core)) == 2
     assert "cannot read" in capsys.readouterr().err
 

@@ -67,7 +67,7 @@ def test_up_installs_the_release_with_its_own_identity(
     values_file = tmp_path / "v.yaml"  # from an earlier `up` for an L4 on a reservation, plus a key of ours
     values_file.write_text("training:\n  recipe: tutorial\n  learning_rate: 0.0002\n"
                            "capacity:\n  type: reservation\n  reservation: l4-res\n")
-    rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
+    rc = cli.main(["up", "--apply", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
                    "--values-file", str(values_file)], _clients(gcs_iam_emulator, fake_iam, fake_usage))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
@@ -135,3 +135,38 @@ def test_up_refuses_values_kuberay_142_would_drop_before_changing_anything(
     listed = subprocess.run([HELMS["helm3"], "list", "-q", "-n", ns, "--kubeconfig", str(kuberay_142)],
                             capture_output=True, text=True, timeout=60)
     assert listed.stdout.split() == []
+
+
+def test_up_waits_for_a_terminating_rayjob_of_the_release_and_names_its_finalizer(
+    kube_apiserver: Path, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Right after an uninstall the release's RayJob may still be terminating (KubeRay's finalizer): Helm
+    would apply the new revision's RayJob of the same name onto it, and it would then go with the
+    deletion (seen with Helm 4.1.4 and 3.17.1). `up` waits for it, and with no operator to remove the
+    finalizer stops, naming it and the command, before any change."""
+    from gemma3_ray import down
+
+    monkeypatch.setattr(down, "GONE_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(down, "GONE_POLL_S", 0.5)
+    ns = "up-terminating"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    kubectl(kube_apiserver, "-n", ns, "apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {
+            "name": "gemma3-ray-r1", "labels": {"app.kubernetes.io/instance": "gemma3-ray"},
+            "finalizers": ["ray.io/rayjob-finalizer"]},
+        "spec": {"entrypoint": "python vision_train.py"}}))
+    kubectl(kube_apiserver, "-n", ns, "delete", "rayjob", "gemma3-ray-r1", "--wait=false")
+    monkeypatch.setenv("HELM", HELMS["helm4"])
+    monkeypatch.delenv("HELM_BIN", raising=False)
+    values_file = tmp_path / "v.yaml"
+    values_file.write_text("# mine\n")
+    rec = Recorder()
+    rc = cli.main(["up", "--apply", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--values-file", str(values_file)],
+                  _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "\n" not in err, err
+    assert f"RayJob {ns}/gemma3-ray-r1 is still there" in err and "KubeRay's finalizer" in err, err
+    assert f"kubectl -n {ns} patch rayjob gemma3-ray-r1 --type=merge" in err and "gemma3-ray up" in err, err
+    assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert values_file.read_text() == "# mine\n"

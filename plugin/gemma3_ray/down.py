@@ -81,8 +81,9 @@ def _rayjobs(custom: Any, dep: Deployment, release_exists: bool) -> tuple[Remova
 
 def remove_unmanaged(custom: Any, dep: Deployment) -> list[str]:
     """Before `up` installs: delete the release's RayJobs Helm does not manage (the hook RayJob of an
-    earlier chart version, which would keep running, holding its GPUs, beside the new job). One line
-    per RayJob deleted."""
+    earlier chart version, which would keep running, holding its GPUs, beside the new job), and wait
+    until none of the release's RayJobs is being deleted (Helm would apply the new revision's RayJob
+    onto a terminating one of the same name, which then goes: no job). One line per RayJob deleted."""
     lines = []
     for obj in _list_rayjobs(custom, dep) or []:
         name = obj["metadata"]["name"]
@@ -91,6 +92,7 @@ def remove_unmanaged(custom: Any, dep: Deployment) -> list[str]:
         cluster.delete_rayjob(custom, dep.namespace, name)
         lines.append(f"Deleted RayJob {dep.namespace}/{name}: a RayJob of release {dep.release} that Helm does not "
                      "manage (the hook of an earlier chart version), which would keep running beside the new job.")
+    wait_gone(custom, dep, only_terminating=True, again="gemma3-ray up")
     return lines
 
 
@@ -114,7 +116,7 @@ def _cluster_side(args: argparse.Namespace, dep: Deployment, custom: Any) -> Rem
     return out
 
 
-def _stuck(dep: Deployment, left: list[dict[str, Any]], waited: float) -> UserError:
+def _stuck(dep: Deployment, left: list[dict[str, Any]], waited: float, again: str = "gemma3-ray down") -> UserError:
     obj = left[0]
     name = obj["metadata"]["name"]
     others = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
@@ -123,10 +125,10 @@ def _stuck(dep: Deployment, left: list[dict[str, Any]], waited: float) -> UserEr
         return ClusterError(f"RayJob {dep.namespace}/{name}{others} is still there {waited:.0f} s after its deletion: "
                             f"KubeRay's finalizer holds it until the operator stops the job (is the KubeRay operator "
                             f"running?); without an operator, clear it with `{fix}` (its cluster then goes with it) and "
-                            "run `gemma3-ray down --apply` again.")
+                            f"run `{again} --apply` again.")
     return ClusterError(f"RayJob {dep.namespace}/{name}{others} is still there {waited:.0f} s after `down` removed the "
                         f"release (finalizers: {', '.join(obj['metadata'].get('finalizers') or []) or 'none'}): check "
-                        f"`kubectl -n {dep.namespace} get rayjob {name} -o yaml` and run `gemma3-ray down --apply` again.")
+                        f"`kubectl -n {dep.namespace} get rayjob {name} -o yaml` and run `{again} --apply` again.")
 
 
 class _StillThere(UserError):
@@ -135,15 +137,19 @@ class _StillThere(UserError):
         self.waited = waited
 
 
-def wait_gone(custom: Any, dep: Deployment) -> None:
-    """Return once no RayJob of the release is left; past GONE_TIMEOUT_S, a UserError naming what holds one."""
+def wait_gone(custom: Any, dep: Deployment, only_terminating: bool = False, again: str = "gemma3-ray down") -> None:
+    """Return once no RayJob of the release (``only_terminating``: none being deleted) is left; past
+    GONE_TIMEOUT_S, a UserError naming what holds one."""
+    def left() -> list[dict[str, Any]]:
+        items = _list_rayjobs(custom, dep) or []
+        return [o for o in items if o["metadata"].get("deletionTimestamp")] if only_terminating else items
+
     try:
-        poll.until(lambda: _list_rayjobs(custom, dep), lambda items: not items, interval=GONE_POLL_S,
-                   timeout=GONE_TIMEOUT_S, on_timeout=_StillThere)
+        poll.until(left, lambda items: not items, interval=GONE_POLL_S, timeout=GONE_TIMEOUT_S, on_timeout=_StillThere)
     except _StillThere as exc:
-        left = _list_rayjobs(custom, dep)
-        if left:
-            raise _stuck(dep, left, exc.waited) from None
+        still = left()
+        if still:
+            raise _stuck(dep, still, exc.waited, again) from None
 
 
 def plan(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Removal:

@@ -193,7 +193,8 @@ def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, 
         ("bucket", lambda: [check_bucket(dep, clients)]),
         ("bucket grants", lambda: [check_bucket_grants(dep, clients)]),
         ("Workload Identity", lambda: check_workload_identity(dep, clients, kube)),
-        ("Kueue", lambda: kueue_check.doctor_checks(dep.namespace, dep.release, kube.custom, kube.api_ext, values)),
+        ("Kueue", lambda: kueue_check.doctor_checks(dep.namespace, dep.release, kube.custom, kube.api_ext, values,
+                                                             kube.core)),
     ]
     out: list[Check] = []
     for name, run in groups:

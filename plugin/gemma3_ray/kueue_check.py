@@ -154,7 +154,21 @@ def _get(custom: Any, plural: str, name: str, namespace: str | None = None) -> d
         raise
 
 
-def checks(custom: Any, api_ext: Any, namespace: str, rayjob: dict[str, Any]) -> list[Check]:
+def selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector's match (nil selects nothing, {} everything), as the ClusterQueue's namespaceSelector."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values) \
+                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+    return True
+
+
+def checks(custom: Any, api_ext: Any, namespace: str, rayjob: dict[str, Any], core: Any = None) -> list[Check]:
     """Doctor's Kueue checks for the RayJob the values render ([] when it names no queue)."""
     labels = rayjob["metadata"].get("labels") or {}
     queue = labels.get(ko.QUEUE_LABEL)
@@ -183,6 +197,12 @@ def checks(custom: Any, api_ext: Any, namespace: str, rayjob: dict[str, Any]) ->
     cq = _get(custom, "clusterqueues", cq_name)
     if cq is None:
         return [*out, Check("Kueue ClusterQueue", False, f"{cq_name} (of LocalQueue {namespace}/{queue}) does not exist")]
+    if core is not None:
+        ns_labels = core.read_namespace(namespace).metadata.labels or {}
+        if not selects((cq.get("spec") or {}).get("namespaceSelector"), ns_labels):
+            return [*out, Check("Kueue ClusterQueue", False, f"{cq_name}'s namespaceSelector does not select namespace "
+                                f"{namespace}: Kueue would never admit its jobs; ask the admin to add it "
+                                f"(`gemma3-ray kueue setup -n {namespace} --cluster-queue ANOTHER`)")]
     flavors = {}
     for g in (cq.get("spec") or {}).get("resourceGroups") or []:
         for f in g.get("flavors") or []:
@@ -223,7 +243,7 @@ def guarded(fn: Any) -> list[Check]:
 
 
 def doctor_checks(namespace: str, release_name: str, custom: Any, api_ext: Any,
-                  values: dict[str, Any] | None) -> list[Check]:
+                  values: dict[str, Any] | None, core: Any = None) -> list[Check]:
     """Doctor's Kueue group: [] unless the values name a queue; else the job they render, checked."""
     queue = ((values or {}).get("kueue") or {}).get("queueName")
     if not queue:
@@ -234,4 +254,4 @@ def doctor_checks(namespace: str, release_name: str, custom: Any, api_ext: Any,
     jobs = [d for d in docs if d.get("kind") == "RayJob"]
     if len(jobs) != 1:
         return [Check("Kueue", False, f"the values render {len(jobs)} RayJobs, expected one")]
-    return guarded(lambda: checks(custom, api_ext, namespace, jobs[0]))
+    return guarded(lambda: checks(custom, api_ext, namespace, jobs[0], core))

@@ -26,9 +26,9 @@ def _helm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def apis(kueue_crds: Path) -> tuple[Any, Any]:
+def apis(kueue_crds: Path) -> tuple[Any, Any, Any]:
     api = config.new_client_from_config(config_file=str(kueue_crds))
-    return client.CustomObjectsApi(api), client.ApiextensionsV1Api(api)
+    return client.CustomObjectsApi(api), client.ApiextensionsV1Api(api), client.CoreV1Api(api)
 
 
 def _ns(kubeconfig: Path, name: str) -> str:
@@ -59,8 +59,8 @@ def _workload(custom: Any, ns: str, job: dict[str, Any], conditions: list[dict[s
     custom.patch_namespaced_custom_object_status("kueue.x-k8s.io", "v1beta2", ns, "workloads", name, {"status": status})
 
 
-def test_status_reads_the_workloads_state_and_reason(kueue_crds: Path, apis: tuple[Any, Any]) -> None:
-    custom, _ = apis
+def test_status_reads_the_workloads_state_and_reason(kueue_crds: Path, apis: tuple[Any, Any, Any]) -> None:
+    custom = apis[0]
     ns = _ns(kueue_crds, "kueue-status")
     job = _queued_rayjob(kueue_crds, ns, custom)
     assert kueue_check.status_lines(custom, job) == [
@@ -79,16 +79,16 @@ def test_status_reads_the_workloads_state_and_reason(kueue_crds: Path, apis: tup
     assert "evicted (Preempted: by a higher priority)" in kueue_check.status_lines(custom, job)[0]
 
 
-def test_a_job_without_a_queue_has_no_kueue_line(apis: tuple[Any, Any]) -> None:
+def test_a_job_without_a_queue_has_no_kueue_line(apis: tuple[Any, Any, Any]) -> None:
     assert kueue_check.status_lines(apis[0], {"metadata": {"name": "j", "namespace": "x", "labels": {}}}) == []
 
 
-def _checks(apis: tuple[Any, Any], ns: str, values: dict[str, Any]) -> dict[str, kueue_check.Check]:
-    out = kueue_check.doctor_checks(ns, "gemma3-ray", apis[0], apis[1], values)
+def _checks(apis: tuple[Any, Any, Any], ns: str, values: dict[str, Any]) -> dict[str, kueue_check.Check]:
+    out = kueue_check.doctor_checks(ns, "gemma3-ray", apis[0], apis[1], values, apis[2])
     return {c.name: c for c in out}
 
 
-def test_doctor_passes_for_the_queue_kueue_setup_made_and_says_what_is_missing(kueue_crds: Path, apis: tuple[Any, Any]) -> None:
+def test_doctor_passes_for_the_queue_kueue_setup_made_and_says_what_is_missing(kueue_crds: Path, apis: tuple[Any, Any, Any]) -> None:
     ns = _ns(kueue_crds, "kueue-doctor")
     values = render.load_plain(QUEUED)
     missing = _checks(apis, ns, values)
@@ -103,6 +103,14 @@ def test_doctor_passes_for_the_queue_kueue_setup_made_and_says_what_is_missing(k
     assert all(c.ok for c in ok.values()), [c.line() for c in ok.values()]
     assert "team-a-cq has flavors and nominal quota for the whole job" in ok["Kueue ClusterQueue"].detail
 
+    # The same queue name in another namespace, pointing at this namespace's ClusterQueue: never admitted.
+    other = _ns(kueue_crds, "kueue-doctor-other")
+    kubectl(kueue_crds, "apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team-a", "namespace": other},
+        "spec": {"clusterQueue": "team-a-cq"}}))
+    elsewhere = _checks(apis, other, values)["Kueue ClusterQueue"]
+    assert not elsewhere.ok and f"does not select namespace {other}" in elsewhere.detail
+
     # The admin's quota for half the GPUs: the job (2 nodes x 8 GPUs) could never be admitted.
     cq = apis[0].get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", "team-a-cq")
     for f in cq["spec"]["resourceGroups"][0]["flavors"]:
@@ -114,5 +122,5 @@ def test_doctor_passes_for_the_queue_kueue_setup_made_and_says_what_is_missing(k
     assert not low.ok and "can never admit this job" in low.detail and "pod set gpu-workers" in low.detail
 
 
-def test_doctor_has_no_kueue_checks_without_a_queue(apis: tuple[Any, Any]) -> None:
+def test_doctor_has_no_kueue_checks_without_a_queue(apis: tuple[Any, Any, Any]) -> None:
     assert kueue_check.doctor_checks("ml", "gemma3-ray", apis[0], apis[1], {"storage": {"bucket": "b"}}) == []

@@ -90,7 +90,7 @@ def test_the_recipes_differ_only_in_speed_levers(tmp_path) -> None:
     """fast and tutorial share the tutorial's optimization: global batch, learning rate, schedule, clipping."""
     fast, tutorial = parse_args([]), parse_args(["--recipe=tutorial"])
     differing = {f.name for f in dataclasses.fields(fast) if getattr(fast, f.name) != getattr(tutorial, f.name)}
-    assert differing == {"recipe"} | {name for name, (a, b, _) in RECIPES.items() if a != b}
+    assert differing == {"recipe"} | {name for name, (a, b, *_) in RECIPES.items() if a != b}
     assert fast.global_batch_size == tutorial.global_batch_size == 64
     configs = [sft_config(a, tmp_path, False, split_batch(a.global_batch_size, a.per_device_train_batch_size, 16))
                for a in (parse_args(CPU), parse_args([*CPU, "--recipe=tutorial", "--quantization=none"]))]
@@ -117,3 +117,19 @@ def test_one_and_two_workers_take_the_same_steps(ray_cluster, tiny_model, cache_
     assert lr_one == lr_two and len(lr_one) == 2
     assert (one["global_batch_size"], one["micro_batch_size"], one["gradient_accumulation_steps"]) == (4, 2, 2)
     assert (two["global_batch_size"], two["micro_batch_size"], two["gradient_accumulation_steps"]) == (4, 2, 1)
+
+
+def test_each_segment_keeps_its_batch_shape(tmp_path) -> None:
+    """summary.json's batch_shapes: one entry per worker-group start (elastic: per size), the segments a
+    restart recomputes (from its checkpoint's step on) dropped."""
+    from storage import Storage
+    from worker import record_segment
+
+    run = Storage(str(tmp_path / "run"))
+    assert record_segment(run, 0, 2, split_batch(8, 2, 2)) == [
+        {"from_step": 0, "workers": 2, "global_batch": 8, "micro_batch": 2, "accumulation": 2}]
+    record_segment(run, 4, 1, split_batch(8, 2, 1))  # lost a node after step 4's checkpoint
+    again = record_segment(run, 4, 2, split_batch(8, 2, 2))  # that segment was cut short and redone on 2
+    assert [(s["from_step"], s["workers"], s["accumulation"]) for s in again] == [(0, 2, 2), (4, 2, 2)]
+    shrunk = record_segment(run, 6, 1, split_batch(8, 2, 1))
+    assert [(s["from_step"], s["workers"], s["accumulation"]) for s in shrunk] == [(0, 2, 2), (4, 2, 2), (6, 1, 4)]

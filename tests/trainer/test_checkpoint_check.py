@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zipfile
 from pathlib import Path
 
 import checkpoint_manifest
@@ -57,9 +58,14 @@ def cut_short(path: Path) -> None:
 
 
 def flip_a_bit(path: Path) -> None:
-    """The lowest bit of the first float 1.0 of the optimizer's tensor (1.0 -> 1.0000001): same size."""
+    """One bit in the middle of the largest tensor of a torch.save file (its zip member data/N, stored
+    uncompressed): the same size, and torch.load still reads it."""
     data = bytearray(path.read_bytes())
-    data[data.index(struct.pack("<4f", 1, 1, 1, 1))] ^= 0x01
+    with zipfile.ZipFile(path) as archive:
+        member = max((m for m in archive.infolist() if "/data/" in m.filename), key=lambda m: m.file_size)
+    name_len, extra_len = struct.unpack("<HH", data[member.header_offset + 26: member.header_offset + 30])
+    start = member.header_offset + 30 + name_len + extra_len
+    data[start + member.file_size // 2] ^= 0x01
     path.write_bytes(bytes(data))
 
 
@@ -152,7 +158,7 @@ def test_broken_checkpoints_leave_the_registry_and_a_retrained_step_gets_a_fresh
     root, dirs = run
     flip_a_bit(dirs[4] / "optimizer.pt")
     planned = plan(root)
-    assert planned.broken == [str(dirs[4])]
+    assert planned.broken == [{"checkpoint": str(dirs[4]), "problem": checkpoint_problem(str(dirs[4]), None)}]
     storage = planned.storage
     quarantine(storage, planned.broken)  # the driver, before Ray Train restores the run
     assert registered_checkpoints(storage) == [(2, str(dirs[2]))]

@@ -1,5 +1,7 @@
-"""Checkpoint fallback (issue #13): the newest checkpoint of a run has a truncated optimizer.pt; the
-restart reports it and resumes from the next older one instead of failing on it again and again."""
+"""Checkpoint fallback (issues #13, #21): the newest checkpoint of a run has a bit flipped in optimizer.pt
+(same size; torch.load still reads it); the restart detects it by the checkpoint's manifest, resumes from
+the next older one, retrains the step into a fresh directory, and Ray Train's registry lists only
+checkpoints that exist."""
 
 from __future__ import annotations
 
@@ -7,9 +9,12 @@ from pathlib import Path
 
 import pytest
 import vision_train
+from runs import checkpoint_problem, registered_checkpoints
+from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.faults import KillWorkerAfterStep
+from tests.trainer.test_checkpoint_check import flip_a_bit
 from tests.trainer.test_ray_job import N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records
 
 pytestmark = pytest.mark.slow
@@ -32,19 +37,32 @@ def test_a_broken_newest_checkpoint_falls_back_to_the_older_one(ray_cluster, tin
     run = root / "runs" / "fallback"
     first_attempt = train_losses(run)
     older, newest = (run / "checkpoints" / f"checkpoint-{s:06d}" for s in (SAVE_STEPS, 2 * SAVE_STEPS))
-    optimizer = newest / "optimizer.pt"
-    optimizer.write_bytes(optimizer.read_bytes()[: optimizer.stat().st_size // 2])
+    assert (newest / "manifest.json").is_file()  # written by the job, last
+    flip_a_bit(newest / "optimizer.pt")
     capsys.readouterr()
 
     summary = vision_train.main(flags)
     # The driver's first line names the checkpoint the workers load: the older one, and why not the newest.
+    problem = "optimizer.pt: its sha256 differs from its manifest's (the file changed after it was saved)"
     assert capsys.readouterr().out.splitlines()[0] == (
         f"resuming fallback from step {SAVE_STEPS} (restart of this run: its newest intact checkpoint {older}; "
-        f"{newest} (optimizer.pt: BadZipFile: File is not a zip file) does not load)")
+        f"{newest} ({problem}) does not load)")
     assert summary["completed"] is True and summary["global_step"] == STEPS
     assert summary["resumed_from_step"] == SAVE_STEPS and summary["resumed_from"] == str(older)
     (broken,) = summary["broken_checkpoints"]
-    assert broken["checkpoint"] == str(newest) and broken["problem"].startswith("optimizer.pt: ")
+    assert broken == {"checkpoint": str(newest), "problem": problem}
+    # The broken one was moved aside; the retrained steps live in their own directories, each registered
+    # checkpoint exists, and every one verifies (Ray kept save_total_limit=2 of them).
+    assert (run / "broken_checkpoints" / newest.name / "optimizer.pt").is_file()
+    registered = registered_checkpoints(Storage(str(run)))
+    assert [step for step, _ in registered] == [2 * SAVE_STEPS, STEPS]
+    for _, uri in registered:
+        assert checkpoint_problem(uri, None) is None, uri
+    # What summary.json says of the run: its definition, each segment's batch shape, each epoch's rows.
+    assert summary["definition"]["flags"]["global_batch_size"] == 8 and summary["definition"]["data"]["identity"]
+    shape = {"workers": 2, "global_batch": 8, "micro_batch": 2, "accumulation": 2}
+    assert summary["batch_shapes"] == [{"from_step": 0, **shape}, {"from_step": SAVE_STEPS, **shape}]
+    assert (summary["train_rows"], summary["rows_per_epoch"], summary["rows_left_out_per_epoch"]) == (N_ROWS, 8, 2)
     losses = train_losses(run)
     assert sorted(losses) == list(range(1, STEPS + 1))  # every step once
     for step in range(SAVE_STEPS + 1, KILL_AFTER):  # retrained from step 2: the same losses as the first attempt

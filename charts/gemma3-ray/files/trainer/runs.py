@@ -68,12 +68,12 @@ def registered_checkpoints(run: Storage) -> list[tuple[int, str]]:
     return [(step, uri) for step, _, uri in sorted(found)]
 
 
-def quarantine(run: Storage, broken: list[str]) -> None:
+def quarantine(run: Storage, broken: list[dict[str, str]]) -> None:
     """Take the run's broken checkpoints out of Ray Train's registry and out of checkpoints/ (moved to
     broken_checkpoints/), before Ray Train restores it: Ray then restores the newest intact checkpoint, a
     retrained step is written into a fresh directory, and the registry lists only what exists (Ray 2.60
     retains and deletes by directory; one retrained into a broken one's directory was later deleted)."""
-    names = {uri.rsplit("/", 1)[1] for uri in broken}
+    names = {b["checkpoint"].rsplit("/", 1)[1] for b in broken}
     if not names:
         return
     rel = f"{CHECKPOINTS_DIR}/{RAY_CHECKPOINT_SNAPSHOT}"
@@ -116,16 +116,16 @@ def checkpoint_problem(uri: str, emulator_host: str | None) -> str | None:
 
 
 def newest_intact(checkpoints: list[tuple[int, str]], emulator_host: str | None,
-                  whose: str) -> tuple[int, str, str, list[str]]:
-    """(step, URI, note on newer broken ones, their URIs) of the newest intact checkpoint."""
+                  whose: str) -> tuple[int, str, str, list[dict[str, str]]]:
+    """(step, URI, note on newer broken ones, [{checkpoint, problem}] of those) of the newest intact checkpoint."""
     broken: list[str] = []
-    uris: list[str] = []
+    found: list[dict[str, str]] = []
     for step, uri in reversed(checkpoints):
         problem = checkpoint_problem(uri, emulator_host)
         if problem is None:
-            return step, uri, "".join(f"; {b} does not load" for b in broken), uris
+            return step, uri, "".join(f"; {b} does not load" for b in broken), found
         broken.append(f"{uri} ({problem})")
-        uris.append(uri)
+        found.append({"checkpoint": uri, "problem": problem})
     raise UsageError(f"no checkpoint of {whose} loads: {'; '.join(broken)}; continue from a good one with "
                      "--resume_from=<checkpoint path> in a new run")
 
@@ -140,7 +140,7 @@ class RunPlan:
     log_line: str  # the driver's first line
     finished: dict[str, Any] | None  # the summary of a completed run (nothing to train)
     definition: dict[str, Any] | None = None  # what defines the run (run_definition.py), recorded at its start
-    broken: list[str] = field(default_factory=list)  # the run's own broken checkpoints, to quarantine
+    broken: list[dict[str, str]] = field(default_factory=list)  # the run's own broken checkpoints, to quarantine
 
 
 def plan_run(args: TrainArguments, root: Storage) -> RunPlan:

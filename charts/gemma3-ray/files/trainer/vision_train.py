@@ -49,6 +49,7 @@ from worker_runtime_env import worker_runtime_env
 
 CODE_DIR = str(Path(__file__).resolve().parent)
 SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "skipped_in_training",
+                "rows_per_epoch", "rows_left_out_per_epoch",
                 "global_batch_size", "micro_batch_size", "gradient_accumulation_steps", "first_train_loss",
                 "final_train_loss", "first_eval_loss", "final_eval_loss", "final_answer_token_accuracy",
                 "samples_per_second", "tokens_per_second", "resumed_from_step", "resumed_from", "broken_checkpoints",
@@ -95,8 +96,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         shapes = run_shapes(args.global_batch_size, cap, args.num_workers, args.min_workers)  # every count, now
         plan = plan_run(args, storage_for(args))
         print(plan.log_line, flush=True)
-        for workers, shape in shapes.items():
-            print(describe(shape, workers, cap), flush=True)
+        for workers, shape in shapes.items():  # the full shape; other elastic sizes when below their cap
+            line = describe(shape, workers, cap)
+            if workers == args.num_workers or "(" in line:
+                print(line, flush=True)
         if plan.finished is not None:
             return plan.finished
         storage = plan.storage
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             "run_name": plan.name,
             "resume_checkpoint": plan.resume_checkpoint,
             "definition": plan.definition,
+            "broken_checkpoints": plan.broken,  # passed over (and moved aside) by the driver
             "code_dir": CODE_DIR,
             "callback_factories": list(callbacks or []),
             "startup": startup_timing.driver_marks(),  # submission time and driver start, for the split

@@ -17,7 +17,7 @@ from typing import Any
 import report_hook
 import startup_timing
 from data import count_by_reason, skipped_line, some_row_ids
-from elastic import describe, split_batch
+from elastic import BatchShape, describe, split_batch
 from epochs import check_rows, epoch_line
 from flags import TrainArguments, UsageError
 from metrics import RunReporter, build_summary, write_summary
@@ -30,6 +30,7 @@ from storage import Storage, fetch_model
 # Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
 CUDA_ALLOC_CONF = "expandable_segments:True"
 SKIPPED_IN_TRAINING_LOG = "skipped_in_training.jsonl"  # one JSON line per row the collator skipped
+BATCH_SHAPES_FILE = "batch_shapes.json"  # the run's batch shape per segment (elastic: per worker-group start)
 
 
 @dataclass
@@ -97,6 +98,7 @@ def train(config: dict[str, Any]) -> None:
                                                       batch, callbacks, skip_log,
                                                       ScanGroup.of_ray_worker(storage, data_identity(config)))
             refresh.trainer, refresh.stats = trainer, stats
+            segments = record_segment(storage, resume.step or 0, world_size, batch) if rank == 0 else []
             check_rows(stats["train_rows"], batch.global_batch, f"of {stats['rows']} rows, "
                        f"{sum(stats['skipped_rows'].values())} skipped, {stats['eval_rows']} held out for eval")
         except UsageError as e:
@@ -123,15 +125,28 @@ def train(config: dict[str, Any]) -> None:
     if rank == 0:
         extra = {"run_name": config["run_name"], "resumed_from_step": resume.step,
                  "micro_batch_size": batch.micro_batch, "gradient_accumulation_steps": batch.accumulation,
-                 "resumed_from": resume.uri, "broken_checkpoints": resume.broken,
+                 "resumed_from": resume.uri,
+                 "broken_checkpoints": [*(config.get("broken_checkpoints") or []), *resume.broken],
                  "skipped_in_training": count_by_reason(skipped), "skipped_in_training_row_ids": some_row_ids(skipped),
-                 "startup": startup_timing.split(), "definition": config.get("definition")}
+                 "startup": startup_timing.split(), "definition": config.get("definition"),
+                 "batch_shapes": segments}
         line = skipped_line(extra["skipped_in_training"], extra["skipped_in_training_row_ids"], "in training")
         if line:
             print(line, flush=True)
         summary = finish(ctx, trainer, processor, stats, reporter, result, final_eval, extra)
     ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
                                                                           if isinstance(v, int | float)}})
+
+
+def record_segment(storage: Storage, start: int, world_size: int, batch: BatchShape) -> list[dict[str, int]]:
+    """The run's batch shape per segment (from each worker-group start's step), this one appended; the
+    segments a restart recomputes (those from this start's step on) are dropped. Rank 0."""
+    raw = storage.read_bytes(BATCH_SHAPES_FILE)
+    segments = [s for s in (json.loads(raw) if raw else []) if s["from_step"] < start]
+    segments.append({"from_step": start, "workers": world_size, "global_batch": batch.global_batch,
+                     "micro_batch": batch.micro_batch, "accumulation": batch.accumulation})
+    storage.write_bytes(BATCH_SHAPES_FILE, json.dumps(segments).encode())
+    return segments
 
 
 def data_identity(config: dict[str, Any]) -> str:

@@ -32,7 +32,13 @@ SERVICE = "container.googleapis.com"
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # GKE's key for a specific reservation
 # The Standard cluster's CPU pool holds the Ray head: the chart's head asks 24 CPU / 64Gi.
 DEFAULT_CPU_MACHINE_TYPE = "e2-standard-32"
+# The scopes gcloud gives a node pool when --scopes is not passed (its "gke-default" alias); the Container
+# API adds none of its own, and without devstorage.read_only the nodes cannot pull from Artifact Registry.
+GKE_DEFAULT_SCOPES = tuple(f"https://www.googleapis.com/auth/{s}" for s in (
+    "devstorage.read_only", "logging.write", "monitoring", "service.management.readonly", "servicecontrol",
+    "trace.append"))
 GPU_POOL = "gpu-pool"
+MANAGEMENT = gke.NodeManagement(auto_repair=True, auto_upgrade=True)  # gcloud's defaults for a node pool
 CPU_POOL = "cpu-pool"
 RELEASE_CHANNEL = gke.ReleaseChannel.Channel.REGULAR  # create-auto's default channel
 POLL_INTERVAL_S = 10.0
@@ -131,13 +137,14 @@ def gpu_node_pool(spec: ClusterSpec) -> gke.NodePool:
     )
     config = gke.NodeConfig(
         machine_type=spec.machine_type, accelerators=[accelerator], service_account=spec.node_service_account or "",
+        oauth_scopes=list(GKE_DEFAULT_SCOPES),
         workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA),
     )
     if spec.reservation:
         config.reservation_affinity = gke.ReservationAffinity(
             consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
             key=RESERVATION_KEY, values=[spec.reservation])
-    pool = gke.NodePool(name=GPU_POOL, config=config, initial_node_count=spec.gpu_nodes,
+    pool = gke.NodePool(name=GPU_POOL, config=config, initial_node_count=spec.gpu_nodes, management=MANAGEMENT,
                         locations=[spec.zone] if spec.zone else [])
     return gke_flex_start.shape(pool, spec.capacity, spec.gpu_nodes)
 
@@ -163,9 +170,10 @@ def desired_cluster(spec: ClusterSpec) -> gke.Cluster:
     # GPU zone, so the head is one node next to the GPUs (not one per zone of the region).
     cpu_config = gke.NodeConfig(
         machine_type=spec.cpu_machine_type, service_account=spec.node_service_account or "",
+        oauth_scopes=list(GKE_DEFAULT_SCOPES),
         workload_metadata_config=gke.WorkloadMetadataConfig(mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA))
     cpu = gke.NodePool(name=CPU_POOL, initial_node_count=1, locations=[spec.zone] if spec.zone else [],
-                       config=cpu_config)
+                       config=cpu_config, management=MANAGEMENT)
     cluster.node_pools = [cpu, gpu_node_pool(spec)]
     return cluster
 

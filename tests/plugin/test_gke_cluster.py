@@ -113,6 +113,10 @@ def test_standard_cluster_with_a_gpu_pool_on_a_specific_reservation(
     assert (res.key, list(res.values)) == ("compute.googleapis.com/reservation-name", ["h100-res"])
     for pool in (cpu, gpu):
         assert pool.config.workload_metadata_config.mode == gke.WorkloadMetadataConfig.Mode.GKE_METADATA
+        # what gcloud sets when --scopes is not given (container_v1 adds none): nodes can pull from Artifact Registry
+        assert set(pool.config.oauth_scopes) == set(gke_cluster.GKE_DEFAULT_SCOPES)
+        assert "https://www.googleapis.com/auth/devstorage.read_only" in pool.config.oauth_scopes
+        assert pool.management.auto_repair and pool.management.auto_upgrade
 
 
 def test_standard_needs_a_machine_type_and_zone_before_any_call(gcloud_home: GcloudHome,

@@ -10,8 +10,6 @@ no pod and waits on nothing here, so any hang is a design fault, not slowness).
 
 from __future__ import annotations
 
-import re
-import shlex
 import subprocess
 
 import pytest
@@ -59,20 +57,3 @@ def test_upgrade_rollback_uninstall_end_without_any_pod(apiserver: ApiServer, he
     assert "uninstalled" in out
     assert release_left(apiserver, ns) == set(), "nothing of the release is left, its RayJobs included"
 
-
-@pytest.mark.parametrize(("crds", "kept"), [("v1.4.2", ""), ("v1.7.0", "token")])
-def test_notes_read_back_what_the_server_kept_of_token_auth(apiserver: ApiServer, crds: str, kept: str) -> None:
-    """KubeRay 1.4.2's CRD prunes spec.rayClusterSpec.authOptions with only a warning (issue #19,
-    failure 5): the release is deployed, so NOTES never say token authentication is on; the command they
-    give reads the live RayJob and prints "token" only where the server kept it."""
-    apiserver.use_crds(crds)
-    ns = apiserver.namespace(f"token-{crds.replace('.', '')}")
-    bin_ = helm_bin("HELM3")
-    out = helm_bounded(apiserver, bin_, "install", RELEASE, str(CHART), "-n", ns,
-                       "-f", str(CI_VALUES_DIR / "default-values.yaml"), "--set", "rayTokenAuth=true")
-    assert "Token authentication is on" not in out and "Requested: Ray token authentication" in out
-    (command,) = re.findall(r"^\s+(kubectl .* -o jsonpath='\{\.spec\.rayClusterSpec\.authOptions\.mode\}')$", out, re.M)
-    words = shlex.split(command)
-    assert words[:4] == ["kubectl", "-n", ns, "get"]
-    assert apiserver.kubectl(*words[1:]).stdout == kept
-    helm_bounded(apiserver, bin_, "uninstall", RELEASE, "-n", ns)

@@ -7,11 +7,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gemma3_ray import names, poll, tokens
+from gemma3_ray import apply_flag, names, poll, tokens
 from gemma3_ray.deployment import Deployment, from_args
-from gemma3_ray.errors import EXIT_FAILURE, MissingSetting, NotLoggedIn
+from gemma3_ray.errors import EXIT_FAILURE, ClusterError, MissingSetting, NotLoggedIn
 from gemma3_ray.gcp_clients import Clients
 
+IMAGE_PERMISSIONS = ("artifactregistry.repositories.get", "artifactregistry.repositories.create",
+                     "artifactregistry.repositories.getIamPolicy", "artifactregistry.repositories.setIamPolicy")
+IMAGE_PROJECT_ONLY = ("artifactregistry.repositories.create",)
 TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
 TERMINAL_DEPLOYMENT_STATES = {"Complete", "Failed"}
 POLL_INTERVAL_S = 10.0
@@ -27,7 +30,8 @@ def _hf_token(args: argparse.Namespace) -> str | None:
 
 
 def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None,
-                out: Callable[[str], None] = _out, image: bool = False) -> int:
+                out: Callable[[str], None] = _out, image: bool = False,
+                apply_hint: str = "gemma3-ray prereqs --apply") -> int:
     from gemma3_ray.prereqs import Plan, Prereqs
 
     p = Prereqs(dep, clients, hf_token=hf_token)
@@ -60,9 +64,15 @@ def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: s
     if not plan.actions:
         out("Nothing to do: every prerequisite is in place.")
         return 0
+    from gemma3_ray import iam_preflight, prereqs
+
+    pre = iam_preflight.check(clients, dep.project, prereqs.PERMISSIONS + (IMAGE_PERMISSIONS if image else ()))
+    out(f"  {pre.mark} {pre.line()}")
+    if not dry_run:
+        pre.require(dep.project, only=prereqs.PROJECT_ONLY + (IMAGE_PROJECT_ONLY if image else ()))
     if dry_run:
-        out(f"Dry run: nothing changed ({len(plan.actions)} change(s) planned). Apply with `make prereqs APPLY=1` "
-            "or `gemma3-ray prereqs`.")
+        out(f"Dry run: nothing changed ({len(plan.actions)} change(s) planned). Apply with `{apply_hint}` (same flags)"
+            + (" or `make prereqs APPLY=1`." if apply_hint.startswith("gemma3-ray prereqs") else "."))
         return 0
     out("Applying:")
     p.apply(plan, out)
@@ -74,7 +84,8 @@ def cmd_prereqs(args: argparse.Namespace, clients: Clients | None) -> int:
     hf_token = _hf_token(args)
     dep, clients = from_args(args, clients)
     _kube_clients(args, clients, needed=hf_token is not None)
-    return run_prereqs(dep, clients, dry_run=args.dry_run, hf_token=hf_token, image=args.image)
+    return run_prereqs(dep, clients, dry_run=not apply_flag.applying(args, "prereqs"), hf_token=hf_token,
+                       image=args.image)
 
 
 def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool) -> None:
@@ -114,18 +125,20 @@ def _load_values(path: str) -> dict[str, Any]:
 def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     from pathlib import Path
 
-    from gemma3_ray import release, render
+    from gemma3_ray import image_build, release, render
 
+    apply = apply_flag.applying(args, "up")
     hf_token = _hf_token(args)
     dep, clients = from_args(args, clients)
     _kube_clients(args, clients, needed=hf_token is not None)
     if not dep.cluster:
         raise MissingSetting("No cluster: switch to the GKE kube context or pass --cluster.")
+    _check_context(args, dep)
     chart = release.chart_path(args.chart)
     # The final values, rendered by the chart (its schema and templates, `helm template`) before
     # anything changes in Google Cloud, the cluster or the values file.
     path = Path(args.values_file or f"{dep.release}-values.yaml")
-    text = render.render(dep, render.load(path))
+    text = render.render(dep, render.load(path), image_build.values(dep, clients) if args.image else [])
     values = [render.parse_plain(text, path)] + [_load_values(f) for f in args.extra_values or []]
     helm = release.client(args.kubeconfig, args.kube_context)  # helm on PATH, checked before anything is written
     objects = release.template(helm, dep.release, chart, values, dep.namespace)
@@ -135,6 +148,12 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     # KubeRay before 1.5.1/1.6.0 would silently drop (or break on) some values: refuse them first.
     _out(kuberay_crd.check_before_install(cluster.load_config(args.kubeconfig, args.kube_context).ApiextensionsV1Api(),
                                           values))
+    if not apply:
+        run_prereqs(dep, clients, dry_run=True, hf_token=hf_token, apply_hint="gemma3-ray up --apply")
+        _out(f"  + write {tokens.shown(path)}; helm upgrade --install {dep.release} {chart.name} -n {dep.namespace}")
+        _out("Dry run: nothing changed (the cluster answered; the values render). Apply with `gemma3-ray up --apply` "
+             "(same flags).")
+        return 0
     from gemma3_ray import down
 
     for line in down.remove_unmanaged(cluster.load_config(args.kubeconfig, args.kube_context).CustomObjectsApi(), dep):
@@ -151,6 +170,19 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     if args.no_follow:
         return 0
     return follow(args, dep)
+
+
+def _check_context(args: argparse.Namespace, dep: Deployment) -> None:
+    """`up` acts on the cluster the kube context names: it must be the deployment's (before any change)."""
+    from gemma3_ray import kube_context
+
+    current = kube_context.current_context(args.kubeconfig, args.kube_context)
+    gke = kube_context.parse_gke_context(current) if current else None
+    if gke is not None and (gke.project, gke.name) != (dep.project, dep.cluster):
+        raise ClusterError(f"The kube context {current} is cluster {gke.name} of project {gke.project}, not {dep.cluster} "
+                           f"of {dep.project}: switch with `gcloud container clusters get-credentials {dep.cluster} "
+                           f"--location {dep.region} --project {dep.project}` (or pass --kube-context); nothing was "
+                           "changed.")
 
 
 def follow(args: argparse.Namespace, dep: Deployment) -> int:
@@ -192,14 +224,24 @@ def cmd_logs(args: argparse.Namespace, clients: Clients | None) -> int:
 def cmd_down(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray import down
 
+    args.dry_run = not apply_flag.applying(args, "down")  # down.run plans unless applying
     dep, clients = from_args(args, clients)
     return down.run(args, dep, clients, _out)
 
 
+class _Gone(argparse.Action):
+    """--delete-bucket: never an alias of --delete-data (which keeps the bucket); refused with the right flag."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error("--delete-bucket is not an option: `down` never deletes the bucket the releases share; "
+                     "--delete-data deletes this release's objects (its prefix only); delete an unused bucket with "
+                     "`gcloud storage rm --recursive gs://BUCKET`")
+
+
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("prereqs", help="create the GCP prerequisites Helm cannot (plan first with --dry-run)")
+    p = sub.add_parser("prereqs", help="the GCP prerequisites Helm cannot create: plan (default) or --apply")
     add_common(p)
-    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    apply_flag.add(p, "create what the plan lists", dry_run_alias=True)
     tokens.add_arguments(p)
     p.add_argument("--image", action="store_true", help="also the Artifact Registry repository and build staging "
                    "bucket for `image build` (the cluster's nodes may read it, Cloud Build may write it)")
@@ -217,6 +259,9 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     p.add_argument("-f", "--extra-values", action="append", help="more values files, applied after the generated one")
     tokens.add_arguments(p)
     p.add_argument("--no-follow", action="store_true", help="return after helm instead of following the RayJob")
+    p.add_argument("--image", action="store_true", help="use the training image `image build` made (as `values --image`); "
+                   "without it, image keys an earlier --image wrote are removed")
+    apply_flag.add(p, "write the values file, apply the prerequisites, helm upgrade --install")
     p.set_defaults(handler=cmd_up)
 
     p = sub.add_parser("status", help="the RayJob's state, the Ray dashboard's job status, the newest checkpoint")
@@ -234,7 +279,8 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     p.add_argument("--prereqs", action="store_true",
                    help="also remove what `prereqs` made for this release (its grants, its service account unless "
                    "another release uses it); the shared bucket is kept")
-    p.add_argument("--delete-data", "--delete-bucket", dest="delete_data", action="store_true",
+    p.add_argument("--delete-data", action="store_true",
                    help="with --prereqs: also delete this release's objects (its prefix only, never the bucket)")
-    p.add_argument("--dry-run", action="store_true", help="print what would be removed, change nothing")
+    p.add_argument("--delete-bucket", action=_Gone, nargs=0, help=argparse.SUPPRESS)
+    apply_flag.add(p, "remove what the plan lists", dry_run_alias=True)
     p.set_defaults(handler=cmd_down)

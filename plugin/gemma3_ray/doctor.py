@@ -34,6 +34,17 @@ def check_auth(dep: Deployment, clients: Clients) -> Check:
     return guard("gcloud auth", run)
 
 
+def check_permissions(dep: Deployment, clients: Clients) -> Check:
+    """The testIamPermissions preflight of `prereqs`: what the caller lacks on the project."""
+    def run() -> Check:
+        from gemma3_ray import iam_preflight
+
+        pre = iam_preflight.check(clients, dep.project, prereqs.PERMISSIONS)
+        return Check("permissions", not pre.missing, pre.line().removeprefix("permissions: "))
+
+    return guard("permissions", run)
+
+
 def check_context(dep: Deployment, kube: Kube) -> Check:
     if not kube.context:
         return Check("kube context", False, "no current kube context: run `gcloud container clusters get-credentials "
@@ -186,6 +197,7 @@ def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, 
     names.project_id(dep.project)
     groups: list[tuple[str, Callable[[], list[Check]]]] = [
         ("gcloud auth", lambda: [check_auth(dep, clients)]),
+        ("permissions", lambda: [check_permissions(dep, clients)]),
         ("kube context", lambda: [check_context(dep, kube)]),
         ("GKE cluster", lambda: doctor_gke.checks(dep, clients, values)),
         ("KubeRay CRDs", lambda: check_crds(kube, values)),

@@ -32,11 +32,14 @@ class Preflight:
         return "permissions MISSING on the project: " + "; ".join(
             f"{p} (in {role_for(p)})" for p in self.missing)
 
-    def require(self, project: str) -> None:
-        if self.missing:
-            roles = sorted({role_for(p) for p in self.missing})
+    def require(self, project: str, only: Iterable[str] | None = None) -> None:
+        """Refuse before any change when a permission is missing (with ``only``: one of those, the ones that
+        can only come from the project; the others may be granted on the resource itself)."""
+        missing = [p for p in self.missing if only is None or p in set(only)]
+        if missing:
+            roles = sorted({role_for(p) for p in missing})
             raise PermissionDenied(
-                f"Permission denied before any change: you lack {', '.join(self.missing)} on project {project}; "
+                f"Permission denied before any change: you lack {', '.join(missing)} on project {project}; "
                 f"ask a project owner to grant you {' and '.join(roles)} (or a custom role with those permissions).")
 
 

@@ -42,6 +42,14 @@ REQUIRED_SERVICES = (
     "iamcredentials.googleapis.com",  # Workload Identity's token exchange
 )
 WORKLOAD_IDENTITY_ROLE = "roles/iam.workloadIdentityUser"
+# What `prereqs` may call, for the testIamPermissions preflight (before any change, and in `doctor`).
+PERMISSIONS = ("serviceusage.services.get", "serviceusage.services.enable", "storage.buckets.create",
+               "storage.buckets.get", "storage.buckets.update", "storage.buckets.getIamPolicy",
+               "storage.buckets.setIamPolicy", "storage.objects.get", "storage.objects.create",
+               "iam.serviceAccounts.create", "iam.serviceAccounts.get", "iam.serviceAccounts.getIamPolicy",
+               "iam.serviceAccounts.setIamPolicy")
+# Only the project (or above) can grant these; the others may come from a grant on the bucket or the account.
+PROJECT_ONLY = ("serviceusage.services.enable", "storage.buckets.create", "iam.serviceAccounts.create")
 SECRET_LABEL = "app.kubernetes.io/managed-by"
 NOT_CHECKED = "not checked (not logged in)"
 _OWNER_RE = re.compile(r"release (?P<owner>[a-z0-9-]+/[a-z0-9-]+) \(created by")

@@ -13,7 +13,7 @@ from gemma3_ray.gcp_clients import Clients
 from kubernetes import client
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
-from tests.plugin.container_fakes import FakeContainer
+from tests.plugin.container_fakes import FakeContainer, FakeResourceManager
 from tests.plugin.driver_maps import driver_maps  # noqa: F401 - fixture
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 from tests.plugin.kube_fakes import FakeApiExtensions, FakeCore, crd_manifest
@@ -27,7 +27,7 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     core = FakeCore()
-    clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam,
+    clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam, resource_manager=FakeResourceManager(PROJECT),
                       service_usage=fake_usage, core_v1=core)
     monkeypatch.delenv("MY_HF", raising=False)
     assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 2
@@ -93,7 +93,7 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     dep = resolve(Overrides(project=PROJECT, region=REGION, namespace="ml", cluster="trainers"), None, None)
     container = FakeContainer(PROJECT)
     container.ready(REGION, gke_cluster.desired_cluster(gke_cluster.ClusterSpec(PROJECT, REGION, "trainers")))
-    clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam,
+    clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam, resource_manager=FakeResourceManager(PROJECT),
                       service_usage=fake_usage, container=container, _credentials=object())
     core = FakeCore()
     kube = doctor.Kube(core=core, api_ext=FakeApiExtensions(), context=f"gke_{PROJECT}_{REGION}_trainers")

@@ -94,3 +94,41 @@ def test_values_without_image_drops_the_image_keys(monkeypatch: pytest.MonkeyPat
     assert "dependencies" not in without
     assert without["workers"]["image"] == {"pullPolicy": "Always"}  # the user's key stays
     assert "# mine" in path.read_text()
+
+
+def test_prereqs_lists_missing_permissions_and_refuses_before_any_change(
+        gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from gemma3_ray import prereqs
+
+    from tests.plugin.container_fakes import FakeResourceManager
+
+    rec = Recorder()
+    clients = _clients(gcs_iam_emulator, fake_iam, fake_usage, rec)
+    clients.resource_manager = FakeResourceManager(PROJECT, granted=set(prereqs.PERMISSIONS) - {
+        "iam.serviceAccounts.create", "storage.buckets.setIamPolicy"})
+    assert cli.main(["prereqs", *BASE], clients) == 0
+    out = capsys.readouterr().out
+    assert "! permissions MISSING on the project: storage.buckets.setIamPolicy (in roles/storage.admin); " \
+           "iam.serviceAccounts.create (in roles/iam.serviceAccountAdmin)" in out
+    assert cli.main(["prereqs", "--apply", *BASE], clients) == 1
+    err = capsys.readouterr().err
+    assert "Permission denied before any change: you lack iam.serviceAccounts.create" in err
+    assert "storage.buckets.setIamPolicy" not in err  # may be granted on the bucket itself: listed, not refused
+    assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert clients.resource_manager.calls[0][1] == f"projects/{PROJECT}"
+
+
+def test_doctor_runs_the_permission_preflight(fake_iam: FakeIAM, fake_usage: FakeServiceUsage) -> None:
+    from gemma3_ray import doctor, prereqs
+    from gemma3_ray.gcp_clients import Clients
+
+    from tests.plugin.container_fakes import FakeResourceManager
+
+    dep = resolve(Overrides(project=PROJECT, region=REGION), None, None)
+    clients = Clients(project=PROJECT, resource_manager=FakeResourceManager(
+        PROJECT, granted=set(prereqs.PERMISSIONS) - {"serviceusage.services.enable"}))
+    check = doctor.check_permissions(dep, clients)
+    assert not check.ok and "serviceusage.services.enable" in check.detail and "serviceUsageAdmin" in check.detail
+    clients.resource_manager = FakeResourceManager(PROJECT)
+    assert doctor.check_permissions(dep, clients).ok

@@ -11,7 +11,8 @@ from gemma3_ray import bucket_setup, cli, commands, grants, names, prereqs
 from gemma3_ray.deployment import Overrides, resolve
 from gemma3_ray.gcp_clients import Clients
 
-from tests.plugin.conftest import ALL_SERVICES, PROJECT, REGION, Recorder, storage_client
+from tests.plugin.conftest import ALL_SERVICES, PROJECT, PROJECT_NUMBER, REGION, Recorder, storage_client
+from tests.plugin.container_fakes import FakeResourceManager
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 
 GSA = f"{names.release_gsa_id('default', 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
@@ -20,7 +21,8 @@ BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context"]
 
 
 def _clients(url: str, iam: FakeIAM, usage: FakeServiceUsage, rec: Recorder | None = None) -> Clients:
-    return Clients(project=PROJECT, storage=storage_client(url, rec), iam=iam, service_usage=usage)
+    return Clients(project=PROJECT, storage=storage_client(url, rec), iam=iam, service_usage=usage,
+                   resource_manager=FakeResourceManager(PROJECT, number=PROJECT_NUMBER))
 
 
 def bucket_bindings(url: str, bucket: str = BUCKET) -> list[dict]:  # type: ignore[type-arg]
@@ -340,7 +342,8 @@ def test_two_releases_granting_on_the_bucket_at_once_keep_both_grants(
             client = storage.Client(project=PROJECT, credentials=AnonymousCredentials(),
                                     client_options={"api_endpoint": gcs_iam_emulator}, _http=bucket_iam.session())
             dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns), None, None)
-            clients = Clients(project=PROJECT, storage=client, iam=iam, service_usage=fake_usage)
+            clients = Clients(project=PROJECT, storage=client, iam=iam, service_usage=fake_usage,
+                              resource_manager=FakeResourceManager(PROJECT, number=PROJECT_NUMBER))
             assert commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
         except BaseException as exc:  # surfaced below
             errors.append(exc)

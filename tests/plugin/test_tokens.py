@@ -16,6 +16,7 @@ from gemma3_ray import cli
 from gemma3_ray.gcp_clients import Clients
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, storage_client
+from tests.plugin.container_fakes import FakeResourceManager
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 from tests.plugin.kube_fakes import FakeCore
 
@@ -76,7 +77,7 @@ def test_a_token_where_a_variable_name_is_expected_is_refused_unprinted(
 
 
 def _clients(url: str, core: FakeCore) -> Clients:
-    return Clients(project=PROJECT, storage=storage_client(url), iam=FakeIAM(),
+    return Clients(project=PROJECT, storage=storage_client(url), iam=FakeIAM(), resource_manager=FakeResourceManager(PROJECT),
                    service_usage=FakeServiceUsage(project_number="123456789012"), core_v1=core)
 
 

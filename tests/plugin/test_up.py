@@ -67,7 +67,7 @@ def test_up_installs_the_release_with_its_own_identity(
     values_file = tmp_path / "v.yaml"  # from an earlier `up` for an L4 on a reservation, plus a key of ours
     values_file.write_text("training:\n  recipe: tutorial\n  learning_rate: 0.0002\n"
                            "capacity:\n  type: reservation\n  reservation: l4-res\n")
-    rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
+    rc = cli.main(["up", "--apply", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
                    "--values-file", str(values_file)], _clients(gcs_iam_emulator, fake_iam, fake_usage))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
@@ -162,7 +162,7 @@ def test_up_waits_for_a_terminating_rayjob_of_the_release_and_names_its_finalize
     values_file = tmp_path / "v.yaml"
     values_file.write_text("# mine\n")
     rec = Recorder()
-    rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--values-file", str(values_file)],
+    rc = cli.main(["up", "--apply", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--values-file", str(values_file)],
                   _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
     err = capsys.readouterr().err.strip()
     assert rc != 0 and "\n" not in err, err

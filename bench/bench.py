@@ -356,8 +356,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         res["levers"] = {k: v for k, v in levers.items() if k != "image_feature_cache"}
         if cache is not None:
             res["levers"]["image_feature_cache"] = {"hits": cache.hits, "misses": cache.misses,
-                                                     "gib": round(cache.bytes / 2**30, 2),
-                                                     "pre_pass": cache.pre_pass}
+                                                     "gib": round(cache.bytes / 2**30, 2)}
         samples_per_step = per_step
         tsum = sum(timer.step_times)
         sps = samples_per_step * len(timer.step_times) / tsum

@@ -76,28 +76,19 @@ def test_prefer_cudnn_keeps_the_function(tiny_model: Path) -> None:
     torch.testing.assert_close(tower(pixel_values=x).last_hidden_state, want)
 
 
-def test_pre_pass_computes_this_workers_share_once_in_batches(tiny_model: Path) -> None:
+
+def test_epoch_log_prints_reused_and_computed_features(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+
     model = model_for(tiny_model, "--lora_target=language-model", "--freeze_vision=true")
     core = feature_cache.core_model(model)
-    side = core.vision_tower.config.image_size
-    compute = core.get_image_features
-    calls: list[int] = []
     cache = feature_cache.attach(model, max_gib=1.0)
-    inner = core.get_image_features
-
-    def counted(pixel_values, **kwargs):
-        calls.append(len(pixel_values))
-        return inner(pixel_values, **kwargs)
-
-    core.get_image_features = counted
-    pics = images(5, side, 5)
-    rows = [{"pixel_values": p} for p in pics]
-
-    def collate(batch):
-        return {"pixel_values": torch.stack([r["pixel_values"] for r in batch])}
-
-    seen = feature_cache.pre_pass(cache, core, rows, collate, torch.device("cpu"), rank=1, world_size=2, batch_size=4)
-    assert seen == 2 and calls == [2] and cache.misses == 2  # rows 1 and 3: this worker's share, one call
-    got = core.get_image_features(pics).pooler_output  # training: only the other worker's images are new
-    assert (cache.hits, cache.misses) == (2, 5)
-    torch.testing.assert_close(got, compute(pics).pooler_output)
+    pics = images(2, core.vision_tower.config.image_size, 6)
+    log = feature_cache.epoch_log_callback(cache)
+    log.on_train_begin(None, None, None)
+    for _ in range(2):
+        core.get_image_features(pics)
+    log.on_epoch_end(SimpleNamespace(process_index=0), SimpleNamespace(epoch=2.0), None)
+    log.on_epoch_end(SimpleNamespace(process_index=1), SimpleNamespace(epoch=2.0), None)  # rank 1 prints nothing
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[trainer] image features at epoch 2.00: 2 reused, 2 computed, ")

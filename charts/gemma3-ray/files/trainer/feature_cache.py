@@ -5,9 +5,9 @@ image's features (256 soft tokens x hidden size after the projector) are the sam
 cache keys each image by an exact 128-bit fingerprint of its pixel values (two wrapping integer dot
 products of the raw bits with fixed random weights: the same bits give the same key, and two different
 images collide with probability ~2^-64 per pair), computes only the images it has not seen, and keeps
-the features on the GPU up to a byte budget (then it computes the rest every time). Before the first
-step, one pass over this worker's share of the training rows computes their features in large batches
-(`pre_pass_callback`), so training steps run the language model only.
+the features on the GPU up to a byte budget (then it computes the rest every time). `epoch_log_callback`
+prints, per epoch, how many were reused and computed. (A batched pre-pass over the rows before training
+was measured slower than computing the features inside epoch 1: bench/RESULTS.md, round 3.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 GIB = 2**30
 FINGERPRINT_SEED = 20261201
-PRE_PASS_BATCH = 64  # images per SigLIP call in the pre-pass
 
 
 def core_model(model):
@@ -48,7 +47,6 @@ class ImageFeatureCache:
         self.bytes = 0
         self.store: dict[tuple[int, int], Any] = {}
         self.hits = self.misses = 0
-        self.pre_pass: dict[str, Any] = {}
         self._weights: dict[tuple[str, int], Any] = {}
 
     def _w(self, device, n: int):
@@ -111,50 +109,21 @@ def attach(model, max_gib: float) -> ImageFeatureCache:
     return cache
 
 
-def pre_pass(cache: ImageFeatureCache, core, dataset, collator, device, rank: int = 0, world_size: int = 1,
-             num_workers: int = 0, batch_size: int = PRE_PASS_BATCH) -> int:
-    """Features of the images of rows rank, rank + world_size, ... of `dataset`, through the cached
-    `core.get_image_features`, `batch_size` images per call; returns how many images it saw."""
-    import torch
-    from torch.utils.data import DataLoader, Subset
-
-    rows = Subset(dataset, range(rank, len(dataset), world_size))
-    loader = DataLoader(rows, batch_size=batch_size, collate_fn=collator, num_workers=num_workers)
-    seen = 0
-    with torch.no_grad():
-        for batch in loader:
-            pixels = batch.get("pixel_values")
-            if pixels is not None and len(pixels):
-                core.get_image_features(pixels.to(device))  # as the Trainer passes them: moved, not cast
-                seen += len(pixels)
-    return seen
-
-
-def pre_pass_callback(cache: ImageFeatureCache, core, trainer, num_workers: int):
-    """A TrainerCallback running `pre_pass` over `trainer`'s training rows once, when training begins."""
+def epoch_log_callback(cache: ImageFeatureCache):
+    """A TrainerCallback: rank 0 prints the features reused and computed, and the training time, per epoch."""
     import time
 
     from transformers import TrainerCallback
 
-    class PrePass(TrainerCallback):
-        done = False
+    class EpochLog(TrainerCallback):
         t0 = 0.0
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.done or cache.max_bytes <= 0:
-                return
-            self.done = True
-            t0 = time.perf_counter()
-            seen = pre_pass(cache, core, trainer.train_dataset, trainer.data_collator, args.device,
-                            args.process_index, args.world_size, num_workers)
-            cache.pre_pass = {"images": seen, "computed": cache.misses, "s": round(time.perf_counter() - t0, 2)}
             self.t0 = time.perf_counter()
-            if args.process_index == 0:
-                print(f"[trainer] image features before training: {cache.pre_pass}", flush=True)
 
         def on_epoch_end(self, args, state, control, **kwargs):
-            if args.process_index == 0 and self.done:
+            if args.process_index == 0:
                 print(f"[trainer] image features at epoch {state.epoch:.2f}: {cache.hits} reused, {cache.misses} "
                       f"computed, {time.perf_counter() - self.t0:.1f} s of training", flush=True)
 
-    return PrePass()
+    return EpochLog()

@@ -1,7 +1,7 @@
 """The speed levers a worker applies to its model after PEFT (bench/RESULTS.md measures each).
 
 FP8 base weights, fused LoRA layers, SigLIP's attention kernel, image-feature reuse under a frozen vision
-tower (computed in one batched pass before training); torch is
+tower; torch is
 imported only by the modules these call, inside worker code.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 
 def apply(args, model, trainer=None) -> dict[str, Any]:
-    """FP8 base weights, the fused LoRA layers, cuDNN attention in SigLIP, and image-feature reuse with its
-    pre-pass over `trainer`'s training rows (bench/RESULTS.md)."""
+    """FP8 base weights, the fused LoRA layers, cuDNN attention in SigLIP, and image-feature reuse (its
+    per-epoch log goes to `trainer`) (bench/RESULTS.md)."""
     import feature_cache
     from flags import UsageError
 
@@ -44,5 +44,5 @@ def apply(args, model, trainer=None) -> dict[str, Any]:
     if args.freeze_vision and args.image_feature_cache_gib > 0:
         cache = levers["image_feature_cache"] = feature_cache.attach(model, args.image_feature_cache_gib)
         if trainer is not None:
-            trainer.add_callback(feature_cache.pre_pass_callback(cache, core, trainer, args.dataloader_num_workers))
+            trainer.add_callback(feature_cache.epoch_log_callback(cache))
     return levers

@@ -110,13 +110,13 @@ def owned(live: dict[str, Any]) -> bool:
     return ((live.get("metadata") or {}).get("labels") or {}).get(ko.OWNER_LABEL) == ko.OWNER
 
 
-def plan(api: Api | None, wanted: list[dict[str, Any]], reason: str = "") -> Plan:
+def plan(api: Api | None, wanted: list[dict[str, Any]]) -> Plan:
     """What to create or update; refuses (ForeignObject) a same-named object it did not create."""
     p = Plan()
     for obj in wanted:
         text = _where(obj)
         if api is None:
-            p.actions.append(Action(f"create {text}  [not checked: {reason}]", lambda: None))
+            p.actions.append(Action(f"create {text}  [not checked]", lambda: None))
             continue
         live = api.get(obj)
         if live is None:
@@ -135,12 +135,18 @@ def plan(api: Api | None, wanted: list[dict[str, Any]], reason: str = "") -> Pla
 def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
     namespace = args.namespace or "default"
     names.dns_label("namespace", namespace, "--namespace")
-    for flag, value in (("--queue", args.queue), ("--cluster-queue", args.cluster_queue)):
+    queue = rayjob["metadata"]["labels"][ko.QUEUE_LABEL]
+    cluster_queue = args.cluster_queue or queue
+    for flag, value in (("--queue", queue), ("--cluster-queue", cluster_queue)):
         names.dns_label("queue", value, flag)
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1 (how many such jobs the queue admits at once).")
-    return ko.Setup(namespace=namespace, queue=args.queue, cluster_queue=args.cluster_queue,
+    return ko.Setup(namespace=namespace, queue=queue, cluster_queue=cluster_queue,
                     sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=args.jobs)
+
+
+def _last(values: list[dict[str, Any]], section: str, key: str) -> Any:
+    return next((v[section][key] for v in reversed(values) if isinstance(v.get(section), dict) and v[section].get(key)), None)
 
 
 def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -148,10 +154,9 @@ def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gemma3_ray import release, render
 
     values = [render.load_plain(Path(f)) for f in args.values or []]
-    capacity = "queued" if args.queued else next(
-        (v["capacity"]["type"] for v in reversed(values) if isinstance(v.get("capacity"), dict) and "type" in v["capacity"]),
-        "none")
-    values.append({"kueue": {"queueName": args.queue}, "capacity": {"type": capacity}})
+    capacity = "queued" if args.queued else (_last(values, "capacity", "type") or "none")
+    queue = args.queue or _last(values, "kueue", "queueName") or DEFAULT_QUEUE
+    values.append({"kueue": {"queueName": queue}, "capacity": {"type": capacity}})
     helm = release.client(None, None)
     docs = release.template(helm, args.release or names.PRODUCT, release.chart_path(args.chart), values,
                             args.namespace or "default")
@@ -170,9 +175,11 @@ def run(args: argparse.Namespace, out: Out) -> int:
     for s in setup.sets:
         out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
     api, reason = _api(args)
-    p = plan(api, wanted, reason)
+    p = plan(api, wanted)
     for line in p.lines():
         out(line)
+    if api is None:
+        out(f"  ? which of these exist: not checked ({reason})")
     if not p.actions:
         out(f"Nothing to do. Users install with --set kueue.queueName={setup.queue} -n {setup.namespace}.")
         return 0
@@ -215,8 +222,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("-n", "--namespace", default=os.environ.get("HELM_NAMESPACE") or None,
                    help="the namespace the releases run in (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
     s.add_argument("-f", "--values", action="append", help="values files of the releases (the quota is what their job asks)")
-    s.add_argument("--queue", default=DEFAULT_QUEUE, help=f"LocalQueue name (default: {DEFAULT_QUEUE})")
-    s.add_argument("--cluster-queue", default=DEFAULT_QUEUE, help=f"ClusterQueue name (default: {DEFAULT_QUEUE})")
+    s.add_argument("--queue", help=f"LocalQueue name (default: the values' kueue.queueName, else {DEFAULT_QUEUE})")
+    s.add_argument("--cluster-queue", help="ClusterQueue name (default: the LocalQueue's)")
     s.add_argument("--jobs", type=int, default=1, help="jobs the queue runs at once (quota = jobs x one job; default 1)")
     s.add_argument("--queued", action="store_true", help="flex-start with queued provisioning (capacity.type=queued): "
                    "adds the ProvisioningRequest admission check")

@@ -129,9 +129,20 @@ def test_an_object_it_did_not_create_is_never_touched(kueue_crds: Path) -> None:
 
 def test_the_plan_works_without_a_cluster_and_apply_says_why_not() -> None:
     lines = _run(_args(None, "ml", H200, name="offline"))
-    assert any("create LocalQueue ml/offline  [not checked: no cluster connection" in line for line in lines), lines
+    assert "  + create LocalQueue ml/offline  [not checked]" in lines, lines
+    assert any(line.startswith("  ? which of these exist: not checked (no cluster connection") for line in lines), lines
     with pytest.raises(UserError, match="No usable kube context"):
         kueue_setup.run(_args(None, "ml", H200, apply=True, name="offline"), lambda _: None)
+
+
+def test_the_queue_defaults_to_the_values_queue() -> None:
+    parser = argparse.ArgumentParser()
+    kueue_setup.register(parser.add_subparsers())
+    args = parser.parse_args(["kueue", "setup", "-n", "ml", "-f", str(ROOT / "values" / "shared-cluster.yaml"),
+                              "--kubeconfig", "/nonexistent/kubeconfig"])
+    lines: list[str] = []
+    assert kueue_setup.run(args, lines.append) == 0
+    assert lines[0].startswith("Kueue objects for queue ml/team-vision (ClusterQueue team-vision)"), lines
 
 
 def test_values_the_chart_refuses_with_a_queue_stop_before_any_call() -> None:

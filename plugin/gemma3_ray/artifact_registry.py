@@ -7,10 +7,13 @@ Registry repository and a build staging bucket, with grants on those two resourc
   prevention enforced, label ``managed-by=gemma3-ray``): the build's source tarball and its log;
 - ``roles/artifactregistry.reader`` on the repository for the cluster's node pull identity (the
   service account of its nodes; the Compute Engine default one unless the cluster names another),
-  and for no one else;
-- for the project's Cloud Build service account (as the Cloud Build API reports it):
-  ``roles/artifactregistry.writer`` on the repository and ``roles/storage.objectAdmin`` on the
-  staging bucket (read the source, write the log) — nothing project-wide.
+  and nothing on the staging bucket;
+- the build's own service account ``gemma3-ray-build`` (builds run as it: never the node identity,
+  never Cloud Build's default account): ``roles/artifactregistry.writer`` on the repository, and on
+  the staging bucket ``roles/storage.objectViewer`` (fetch the source) and
+  ``roles/storage.objectCreator`` (write the build log: a user-specified build account must log to
+  a bucket of the user's or to Cloud Logging; the build logs GCS_ONLY to this bucket, so no
+  ``roles/logging.logWriter``) — nothing project-wide.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from google.api_core import exceptions as gexc
 from gemma3_ray import bucket_setup, gke_cluster, iam_policy, names, services
 from gemma3_ray.bucket_setup import MANAGED_BY_LABEL
 from gemma3_ray.deployment import Deployment
-from gemma3_ray.errors import NotLoggedIn, UserError, call_google, not_logged_in
+from gemma3_ray.errors import NotLoggedIn, call_google, not_logged_in
 from gemma3_ray.gcp_clients import Clients
 from gemma3_ray.prereqs import Action, Plan
 
@@ -35,7 +38,8 @@ IMAGE_NAME = "trainer"
 SERVICES = ("artifactregistry.googleapis.com", "cloudbuild.googleapis.com")
 READER = "roles/artifactregistry.reader"
 WRITER = "roles/artifactregistry.writer"
-STAGING_ROLE = "roles/storage.objectAdmin"
+STAGING_ROLES = ("roles/storage.objectViewer", "roles/storage.objectCreator")  # fetch the source, write the log
+BUILD_SA_ID = f"{names.PRODUCT}-build"
 CREATE_TIMEOUT_S = 300
 
 
@@ -92,16 +96,9 @@ def node_pull_identities(dep: Deployment, clients: Clients) -> tuple[list[str], 
     return emails, f"the nodes of cluster {spec.name}"
 
 
-def build_identity(clients: Clients, reg: Registry) -> str:
-    name = f"projects/{reg.project}/locations/{reg.region}/defaultServiceAccount"
-    cb = clients.get_cloud_build()
-    got = call_google("read the Cloud Build service account of", f"projects/{reg.project}",
-                lambda: cb.get_default_service_account(request={"name": name}))
-    email = str(got.service_account_email).rsplit("/", 1)[-1]
-    if not email:
-        raise UserError(f"Project {reg.project} has no default Cloud Build service account (an organization policy "
-                        "may disable it): ask an administrator to set one, then run this again.")
-    return email
+def build_account(project: str) -> str:
+    """The service account the image builds run as (made by `prereqs --image`)."""
+    return names.gsa_email(BUILD_SA_ID, project)
 
 
 class RegistryPrereqs:
@@ -109,11 +106,9 @@ class RegistryPrereqs:
 
     def __init__(self, dep: Deployment, clients: Clients) -> None:
         self.dep, self.clients, self.reg = dep, clients, registry_of(dep)
-        self.cloud_build_off = False
 
     def _services(self, plan: Plan) -> None:
         off = services.read(self.clients, self.dep.project, SERVICES).disabled
-        self.cloud_build_off = "cloudbuild.googleapis.com" in off
         if not off:
             plan.in_place.append(f"APIs enabled: {', '.join(SERVICES)}")
             return
@@ -179,8 +174,9 @@ class RegistryPrereqs:
                      f"build staging bucket gs://{self.reg.staging_bucket} in {self.dep.region} (uniform bucket-level "
                      "access, public access prevention enforced)",
                      f"{READER} on {self.reg.host} for the cluster's node pull identity",
-                     f"{WRITER} on {self.reg.host} for the Cloud Build service account",
-                     f"{STAGING_ROLE} on gs://{self.reg.staging_bucket} for the Cloud Build service account"):
+                     f"the build's service account {build_account(self.dep.project)}",
+                     f"{WRITER} on {self.reg.host} for the build's service account",
+                     *(f"{role} on gs://{self.reg.staging_bucket} for the build's service account" for role in STAGING_ROLES)):
             plan.actions.append(Action(f"{text} [not checked: not logged in]", refuse))
 
     def _extend(self, plan: Plan) -> None:
@@ -210,14 +206,34 @@ class RegistryPrereqs:
         for sa in pullers:
             self._grant(plan, repo_access, self.reg.host, READER, f"serviceAccount:{sa}", repo_exists)
         plan.in_place.append(f"node pull identity: {', '.join(pullers)} ({how})")
-        if self.cloud_build_off:  # its service account can only be read once the API is on
-            for access, resource, role in ((repo_access, self.reg.host, WRITER),
-                                           (bucket_access, f"gs://{self.reg.staging_bucket}", STAGING_ROLE)):
-                plan.actions.append(Action(f"grant {role} on {resource} for the Cloud Build service account (read once "
-                                           "the API is enabled)", lambda a=access, r=resource, role=role: call_google(
-                    "set the IAM policy of", r, lambda: iam_policy.change_binding(
-                        a(), role, f"serviceAccount:{build_identity(self.clients, self.reg)}", present=True))))
-            return
-        builder = f"serviceAccount:{build_identity(self.clients, self.reg)}"
-        self._grant(plan, repo_access, self.reg.host, WRITER, builder, repo_exists)
-        self._grant(plan, bucket_access, f"gs://{self.reg.staging_bucket}", STAGING_ROLE, builder, bucket is not None)
+        builder = f"serviceAccount:{build_account(self.dep.project)}"
+        sa_exists = self._build_account(plan)
+        self._grant(plan, repo_access, self.reg.host, WRITER, builder, repo_exists and sa_exists)
+        for role in STAGING_ROLES:
+            self._grant(plan, bucket_access, f"gs://{self.reg.staging_bucket}", role, builder,
+                        bucket is not None and sa_exists)
+
+    def _build_account(self, plan: Plan) -> bool:
+        """The build's own service account: in place (True), or its creation planned."""
+        iam = self.clients.get_iam()
+        email = build_account(self.dep.project)
+        resource = f"projects/{self.dep.project}/serviceAccounts/{email}"
+        try:
+            call_google("read", resource, lambda: iam.get_service_account(request={"name": resource}), not_found=True)
+            plan.in_place.append(f"the build's service account {email}")
+            return True
+        except gexc.NotFound:
+            pass
+        request = {"name": f"projects/{self.dep.project}", "account_id": BUILD_SA_ID,
+                   "service_account": {"display_name": f"{names.PRODUCT} image builds",
+                                       "description": f"Cloud Build of the {names.PRODUCT} training image (created by "
+                                                      f"`{names.PRODUCT} prereqs --image`)"}}
+
+        def create() -> None:
+            with contextlib.suppress(gexc.AlreadyExists):  # a concurrent run made it
+                call_google("create", resource, lambda: iam.create_service_account(request=request),
+                            expect=(gexc.AlreadyExists,))
+
+        plan.actions.append(Action(f"create the build's service account {email} (builds run as it, not as the nodes)",
+                                   create))
+        return False

@@ -101,6 +101,7 @@ ROLE_FOR_PERMISSION: dict[str, str] = {
     "artifactregistry.repositories.setIamPolicy": "roles/artifactregistry.admin",
     "artifactregistry.tags.get": "roles/artifactregistry.reader",
     "storage.objects.create": "roles/storage.objectCreator",
+    "iam.serviceAccounts.actAs": "roles/iam.serviceAccountUser",  # image build runs as the build's account
 }
 
 # "Permission 'x.y.z' denied" (IAM, GCS) and "does not have x.y.z access" (GCS); the generic pattern

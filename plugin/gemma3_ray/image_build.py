@@ -24,7 +24,7 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from gemma3_ray import iam_preflight, names, poll
-from gemma3_ray.artifact_registry import Registry, registry_of
+from gemma3_ray.artifact_registry import Registry, build_account, registry_of
 from gemma3_ray.deployment import Deployment
 from gemma3_ray.errors import NotFound, NotLoggedIn, UserError, call_google
 from gemma3_ray.gcp_clients import Clients
@@ -43,7 +43,8 @@ POLL_INTERVAL_S = 10.0
 LOG_TAIL_LINES = 20
 TAG_DIGITS = 12
 PERMISSIONS = ("cloudbuild.builds.create", "cloudbuild.builds.get", "storage.objects.create",
-               "artifactregistry.repositories.get", "artifactregistry.tags.get")
+               "artifactregistry.repositories.get", "artifactregistry.tags.get",
+               "iam.serviceAccounts.actAs")  # the build runs as the build's own service account
 Out = Callable[[str], None]
 
 
@@ -193,6 +194,7 @@ def build_request(reg: Registry, ctx: Context) -> Any:
                                 machine_type=cb.BuildOptions.MachineType.E2_HIGHCPU_8, disk_size_gb=BUILD_DISK_GB),
         timeout=duration_pb2.Duration(seconds=BUILD_TIMEOUT_S),
         tags=[names.PRODUCT],
+        service_account=f"projects/{reg.project}/serviceAccounts/{build_account(reg.project)}",
     )
 
 
@@ -241,7 +243,8 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
             raise
         out(f"  ? Artifact Registry repository {reg.host}, image {image}: not checked (not logged in)")
         out(f"  + upload the build context to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-        out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile}{args_text} . -> push {image}")
+        out(f"  + Cloud Build in {dep.region}, as {build_account(dep.project)}: docker build --file {ctx.dockerfile}"
+            f"{args_text} . -> push {image}")
         out("  ? permissions: not checked (not logged in)")
         out("Dry run: nothing checked or changed (no Google credentials: `gcloud auth application-default login`).")
         return 0
@@ -262,14 +265,24 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
     out(f"  {'=' if staged else '!'} build staging bucket gs://{reg.staging_bucket}"
         + ("" if staged else " MISSING: create it with `gemma3-ray prereqs --apply --image`"))
     out(f"  + upload the build context ({len(ctx.tarball()) / 1024:.1f} KiB) to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
-    out(f"  + Cloud Build in {dep.region}: docker build --file {ctx.dockerfile}{args_text} . -> push {image} "
-        f"(log: gs://{reg.staging_bucket}/logs/)")
+    builder = build_account(dep.project)
+    iam = clients.get_iam()
+    sa = f"projects/{dep.project}/serviceAccounts/{builder}"
+    try:
+        call_google("read", sa, lambda: iam.get_service_account(request={"name": sa}), not_found=True)
+        has_builder = True
+    except gexc.NotFound:
+        has_builder = False
+    out(f"  + Cloud Build in {dep.region}, as {builder}"
+        + ("" if has_builder else " (MISSING: create it with `gemma3-ray prereqs --apply --image`)")
+        + f": docker build --file {ctx.dockerfile}{args_text} . -> push {image} (log: gs://{reg.staging_bucket}/logs/)")
     out(f"  {pre.mark} {pre.line()}")
     if not args.apply:
         out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags).")
         return 0
-    if not (ready and staged):
-        what = f"The Artifact Registry repository {reg.path}" if not ready else f"The build staging bucket gs://{reg.staging_bucket}"
+    if not (ready and staged and has_builder):
+        what = (f"The Artifact Registry repository {reg.path}" if not ready else
+                f"The build staging bucket gs://{reg.staging_bucket}" if not staged else f"The build's service account {builder}")
         raise NotFound(f"{what} does not exist: run `gemma3-ray prereqs --apply --image` first.")
     pre.require(dep.project)
     out(f"  ... uploading gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")

@@ -4,13 +4,16 @@ depends on:
 - Artifact Registry: 409 ALREADY_EXISTS on create (a long-running operation whose ``result()`` is the
   repository), 404, 403 naming the permission, etag-checked setIamPolicy (stale -> ABORTED), tags
   appear only when an image is pushed;
-- Cloud Build: ``create_build`` is INVALID_ARGUMENT when the source object cannot be read (checked
-  against the real storage emulator) or when a build running as a non-legacy default service account
-  has no logs bucket / logging mode; the build then moves QUEUED -> WORKING -> a final state, one step
-  per ``get_build``; it fetches the source and writes its log (``log-ID.txt``) into the logs bucket
-  only if the build's service account holds a role on that bucket, and pushes only if it holds
-  ``roles/artifactregistry.writer`` on the repository (PUSH_NOT_AUTHORIZED otherwise) and the
-  repository exists (PUSH_FAILED). A failing Dockerfile is ``fail_step``.
+- Cloud Build: a build runs as its ``service_account`` (the caller needs iam.serviceAccounts.actAs,
+  and the account must exist in the IAM fake: INVALID_ARGUMENT otherwise), else as the project's
+  default; ``create_build`` is INVALID_ARGUMENT when the source object cannot be read (checked
+  against the real storage emulator) or when the build has no logs bucket / logging mode (a
+  user-specified or non-legacy default account cannot log to Cloud Build's own bucket); the build
+  then moves QUEUED -> WORKING -> a final state, one step per ``get_build``; it fetches the source
+  only if its account holds a role granting storage.objects.get on the source bucket, writes its
+  log (``log-ID.txt``) only with one granting storage.objects.create on the logs bucket, and pushes
+  only if it holds ``roles/artifactregistry.writer`` on the repository (PUSH_NOT_AUTHORIZED
+  otherwise) and the repository exists (PUSH_FAILED). A failing Dockerfile is ``fail_step``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ from tests.plugin.container_fakes import _req
 from tests.plugin.gcp_fakes import ALL, _denied
 
 WRITER = "roles/artifactregistry.writer"
+# The predefined Cloud Storage roles that hold each object permission a build needs.
+_GRANTING = {
+    "storage.objects.get": {"roles/storage.objectViewer", "roles/storage.objectUser", "roles/storage.objectAdmin",
+                            "roles/storage.admin"},
+    "storage.objects.create": {"roles/storage.objectCreator", "roles/storage.objectUser", "roles/storage.objectAdmin",
+                               "roles/storage.admin"},
+}
 
 
 class _Lro:
@@ -154,6 +164,7 @@ class FakeCloudBuild:
     storage: Any  # a google.cloud.storage client on the storage emulator
     allowed: set[str] | str = ALL
     fail_step: str | None = None  # the Docker build step fails with this output
+    iam: Any = None  # the IAM fake: a build's service_account must exist there
     builds: dict[str, cb.Build] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
 
@@ -177,14 +188,21 @@ class FakeCloudBuild:
         build = cb.Build(r["build"])
         self.calls.append(("create_build", r["parent"]))
         self._check("cloudbuild.builds.create", r["parent"])
+        if build.service_account:
+            email = build.service_account.rsplit("/", 1)[-1]
+            self._check("iam.serviceAccounts.actAs", build.service_account)
+            if self.iam is not None and email not in self.iam.accounts:
+                raise gexc.InvalidArgument(f"invalid value for 'build.service_account': {email} does not exist.")
         src = build.source.storage_source
         blob = self.storage.bucket(src.bucket).get_blob(src.object_) if src.bucket else None
         if blob is None:
             raise gexc.InvalidArgument(f"could not resolve source: gs://{src.bucket}/{src.object_}: 404 Not Found")
         if not build.logs_bucket and build.options.logging not in (cb.BuildOptions.LoggingMode.CLOUD_LOGGING_ONLY,
                                                                      cb.BuildOptions.LoggingMode.NONE):
-            raise gexc.InvalidArgument("invalid argument: builds that run as the Compute Engine default service account "
-                                       "need logs_bucket or options.logging CLOUD_LOGGING_ONLY / NONE")
+            raise gexc.InvalidArgument("if 'build.service_account' is specified, the build must either (a) specify "
+                                       "'build.logs_bucket', (b) use the REGIONAL_USER_OWNED_BUCKET "
+                                       "build.options.default_logs_bucket_behavior option, or (c) use either "
+                                       "CLOUD_LOGGING_ONLY / NONE logging options")
         build_id = f"build-{len(self.builds) + 1:04d}"
         build.id, build.project_id, build.status = build_id, self.project, B.QUEUED
         build.name = f"{r['parent']}/builds/{build_id}"
@@ -206,18 +224,23 @@ class FakeCloudBuild:
             self._finish(build)
         return cb.Build(build)
 
-    def _holds_bucket_role(self, bucket: str) -> bool:
+    def _runner(self, build: cb.Build) -> str:
+        return build.service_account.rsplit("/", 1)[-1] if build.service_account else self.service_account
+
+    def _may(self, build: cb.Build, permission: str, bucket: str) -> bool:
         policy = self.storage.bucket(bucket).get_iam_policy(requested_policy_version=3)
-        return any(f"serviceAccount:{self.service_account}" in b["members"] for b in policy.bindings)
+        return any(f"serviceAccount:{self._runner(build)}" in b["members"] and b["role"] in _GRANTING[permission]
+                   for b in policy.bindings)
 
     def _finish(self, build: cb.Build) -> None:
         src = build.source.storage_source
         logs = build.logs_bucket.removeprefix("gs://").split("/", 1)
         log: list[str] = [f"starting build {build.id}", f"FETCHSOURCE gs://{src.bucket}/{src.object_}"]
         outcome: tuple[cb.Build.FailureInfo.FailureType, str] | None = None
-        if not self._holds_bucket_role(src.bucket):
+        runner = self._runner(build)
+        if not self._may(build, "storage.objects.get", src.bucket):
             outcome = (cb.Build.FailureInfo.FailureType.FETCH_SOURCE_FAILED,
-                       f"{self.service_account} does not have storage.objects.get access to gs://{src.bucket}")
+                       f"{runner} does not have storage.objects.get access to gs://{src.bucket}")
         elif self.fail_step:
             log.append(f"Step #0: {self.fail_step}")
             outcome = (cb.Build.FailureInfo.FailureType.USER_BUILD_STEP,
@@ -226,11 +249,11 @@ class FakeCloudBuild:
         else:
             repos = {f"projects/{i.split('/')[1]}/locations/{i.split('/')[0].removesuffix('-docker.pkg.dev')}/"
                      f"repositories/{i.split('/')[2]}" for i in build.images}
-            if any(f"serviceAccount:{self.service_account}" not in self.registry.members(repo, WRITER)
+            if any(f"serviceAccount:{runner}" not in self.registry.members(repo, WRITER)
                    for repo in repos if repo in self.registry.repositories):
                 outcome = (cb.Build.FailureInfo.FailureType.PUSH_NOT_AUTHORIZED,
                            f"denied: Permission \"artifactregistry.repositories.uploadArtifacts\" denied for "
-                           f"{self.service_account}")
+                           f"{runner}")
             for image in build.images if outcome is None else []:
                 err, digest = self.registry.push(image, src.object_.encode())
                 if err:
@@ -246,7 +269,7 @@ class FakeCloudBuild:
             build.failure_info = cb.Build.FailureInfo(type_=outcome[0], detail=outcome[1])
             build.status_detail = outcome[1]
             log.append(f"ERROR: {outcome[1]}")
-        if logs[0] and self._holds_bucket_role(logs[0]):
+        if logs[0] and self._may(build, "storage.objects.create", logs[0]):
             prefix = logs[1].rstrip("/") + "/" if len(logs) > 1 and logs[1] else ""
             self.storage.bucket(logs[0]).blob(f"{prefix}log-{build.id}.txt").upload_from_string("\n".join(log) + "\n")
 

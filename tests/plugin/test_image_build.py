@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REPO = f"projects/{PROJECT}/locations/{REGION}/repositories/gemma3-ray"
 HOST = f"{REGION}-docker.pkg.dev/{PROJECT}/gemma3-ray"
 STAGING = f"{PROJECT}-gemma3-ray-build"
-BUILDER = f"serviceAccount:{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+COMPUTE_DEFAULT = f"serviceAccount:{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+BUILDER = f"serviceAccount:gemma3-ray-build@{PROJECT}.iam.gserviceaccount.com"  # the build's own account
 NODES = f"nodes@{PROJECT}.iam.gserviceaccount.com"
 DOCKERFILE = """\
 # syntax=docker/dockerfile:1
@@ -76,8 +77,9 @@ def cloud(gcs_iam_emulator: str) -> Cloud:
     nodes = gke.NodeConfig(machine_type="e2-standard-32", service_account=NODES)
     container.ready(REGION, gke.Cluster(name="trainers", node_pools=[gke.NodePool(name="p", initial_node_count=1,
                                                                                      config=nodes)]))
-    return Cloud(gcs_iam_emulator, FakeServiceUsage(PROJECT_NUMBER, enabled=set(ALL_SERVICES)), FakeIAM(), registry,
-                 FakeCloudBuild(PROJECT, PROJECT_NUMBER, registry, storage_client(gcs_iam_emulator)), container,
+    iam = FakeIAM()
+    return Cloud(gcs_iam_emulator, FakeServiceUsage(PROJECT_NUMBER, enabled=set(ALL_SERVICES)), iam, registry,
+                 FakeCloudBuild(PROJECT, PROJECT_NUMBER, registry, storage_client(gcs_iam_emulator), iam=iam), container,
                  FakeResourceManager(PROJECT, number=PROJECT_NUMBER))
 
 
@@ -125,7 +127,8 @@ def test_prereqs_image_grants_only_the_node_pull_identity_and_the_builder(
     assert "+ enable APIs: artifactregistry.googleapis.com, cloudbuild.googleapis.com" in out
     assert f"+ create Artifact Registry Docker repository {HOST}" in out
     assert f"+ grant roles/artifactregistry.reader on {HOST} for serviceAccount:{NODES}" in out
-    assert "for the Cloud Build service account (read once the API is enabled)" in out
+    assert f"+ create the build's service account {BUILDER.split(':')[1]} (builds run as it, not as the nodes)" in out
+    assert f"+ grant roles/artifactregistry.writer on {HOST} for {BUILDER}" in out
     assert cloud.registry.mutations() == [] and cloud.usage.mutations() == []
 
     assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
@@ -135,7 +138,13 @@ def test_prereqs_image_grants_only_the_node_pull_identity_and_the_builder(
     assert _members(policy, "roles/artifactregistry.reader") == {f"serviceAccount:{NODES}"}
     assert _members(policy, "roles/artifactregistry.writer") == {BUILDER}
     assert {b.role for b in policy.bindings} == {"roles/artifactregistry.reader", "roles/artifactregistry.writer"}
-    assert _bucket_members(cloud.url, STAGING, "roles/storage.objectAdmin") == {BUILDER}
+    # separate identities: the build writes the repository and reads/writes its staging bucket; the nodes
+    # only read the repository and get nothing on the bucket
+    staging = storage_client(cloud.url).bucket(STAGING).get_iam_policy(requested_policy_version=3)
+    granted = {(b["role"], m) for b in staging.bindings for m in b["members"] if m.startswith("serviceAccount:")}
+    assert granted == {("roles/storage.objectViewer", BUILDER), ("roles/storage.objectCreator", BUILDER)}
+    assert f"serviceAccount:{NODES}" not in _members(policy, "roles/artifactregistry.writer")
+    assert BUILDER.split(":")[1] in cloud.iam.accounts
     bucket = storage_client(cloud.url).get_bucket(STAGING)
     assert bucket.iam_configuration.public_access_prevention == "enforced"
 
@@ -146,7 +155,7 @@ def test_prereqs_image_grants_only_the_node_pull_identity_and_the_builder(
 def test_without_a_cluster_the_compute_default_account_pulls(cloud: Cloud, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["prereqs", "--dry-run", "--image", "--project", PROJECT, "--region", REGION, "--no-kube-context"]
     assert cli.main(args, cloud.clients()) == 0
-    assert f"for {BUILDER}" in capsys.readouterr().out.split("roles/artifactregistry.reader", 1)[1].splitlines()[0]
+    assert f"for {COMPUTE_DEFAULT}" in capsys.readouterr().out.split("roles/artifactregistry.reader", 1)[1].splitlines()[0]
 
 
 def test_build_plans_then_pushes_then_values_writes_it(
@@ -178,6 +187,7 @@ def test_build_plans_then_pushes_then_values_writes_it(
     assert list(made.steps[0].args) == ["build", "--file", "images/trainer/Dockerfile", "--build-arg",
                                         "BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu", "--tag", f"{HOST}/trainer:{tag}", "."]
     assert made.logs_bucket == f"gs://{STAGING}/logs"
+    assert made.service_account == f"projects/{PROJECT}/serviceAccounts/{BUILDER.split(':')[1]}"  # not the nodes' account
 
     assert cli.main([*build, "--apply"], cloud.clients()) == 0
     assert "Nothing to do: the image of these sources exists" in capsys.readouterr().out
@@ -283,7 +293,10 @@ def test_the_image_prerequisites_plan_offline(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
     plan = Plan()
     RegistryPrereqs(resolve(Overrides(project=PROJECT, region=REGION), None, None), Clients(project=PROJECT)).extend(plan)
-    assert len(plan.actions) == 6 and all(a.text.endswith("[not checked: not logged in]") for a in plan.actions)
+    # APIs, repository, staging bucket, the nodes' reader grant, the build's account, its writer grant, its two
+    # staging bucket grants
+    assert len(plan.actions) == 8 and all(a.text.endswith("[not checked: not logged in]") for a in plan.actions)
+    assert any("the build's service account gemma3-ray-build@" in a.text for a in plan.actions)
     with pytest.raises(image_build.UserError, match="Not logged in"):
         plan.actions[0].run()
 

@@ -318,7 +318,7 @@ def test_offline_plan_includes_the_image_prerequisites(gcloud_home, tmp_path: Pa
     _no_credentials(tmp_path, monkeypatch)
     assert cli.main(["prereqs", "--dry-run", "--image", *BASE]) == 0
     unchecked = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ? ")]
-    assert len(unchecked) == 12 and any("Artifact Registry Docker repository" in line for line in unchecked)
+    assert len(unchecked) == 14 and any("the build's service account" in line for line in unchecked) and any("Artifact Registry Docker repository" in line for line in unchecked)
 
 
 def test_two_releases_granting_on_the_bucket_at_once_keep_both_grants(

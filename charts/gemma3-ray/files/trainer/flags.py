@@ -143,7 +143,8 @@ class TrainArguments:
         "fast", "Preset for the speed/memory flags left unset: fast (bf16 fused LoRA, sdpa, no checkpointing, "
                 "micro-batch up to 16, Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200), "
                 "tutorial (the tutorial's QLoRA: 4-bit, eager, checkpointing, micro-batch 1; fits small GPUs) or fp8 "
-                "(fast with the frozen base weights in FP8: other numerics, GPUs with compute capability >= 8.9). "
+                "(experimental: fast with the frozen base weights in FP8, other numerics, GPUs with compute capability "
+                ">= 8.9; slower than fast on an H200 so far, its loss check against bf16 is incomplete). "
                 "All keep the tutorial's optimization (global_batch_size, learning rate, schedule). See "
                 "bench/RESULTS.md.")
     quantization: Literal["none", "4bit"] | None = flag(None, "4bit = QLoRA (NF4) (default: from --recipe).")

@@ -132,3 +132,42 @@ def test_doctor_runs_the_permission_preflight(fake_iam: FakeIAM, fake_usage: Fak
     assert not check.ok and "serviceusage.services.enable" in check.detail and "serviceUsageAdmin" in check.detail
     clients.resource_manager = FakeResourceManager(PROJECT)
     assert doctor.check_permissions(dep, clients).ok
+
+
+def _kubeconfig(tmp_path: Path, context: str, port: int) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        f"apiVersion: v1\nkind: Config\ncurrent-context: {context}\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        f"users: [{{name: c, user: {{token: t}}}}]\ncontexts: [{{name: {context}, context: {{cluster: c, user: c}}}}]\n")
+    return path
+
+
+@pytest.mark.parametrize("context", ["c", f"gke_other-proj-1_{REGION}_trainers"])
+def test_up_checks_the_cluster_before_any_google_cloud_change(
+        context: str, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreachable API server (a closed port), or a kube context naming another cluster: `up --apply`
+    stops with one sentence before it writes the values file or changes anything in Google Cloud."""
+    import socket
+
+    helm = ROOT / ".tools" / "bin" / "helm"
+    if helm.exists():
+        monkeypatch.setenv("HELM", str(helm))
+    monkeypatch.delenv("HELM_BIN", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    values_file = tmp_path / "v.yaml"
+    rec = Recorder()
+    rc = cli.main(["up", "--apply", "--project", PROJECT, "--region", REGION, "--cluster", "trainers",
+                   "--kubeconfig", str(_kubeconfig(tmp_path, context, port)), "--values-file", str(values_file)],
+                  _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "\n" not in err, err
+    if context == "c":
+        assert f"Cannot reach the Kubernetes API server at 127.0.0.1:{port}" in err, err
+    else:
+        assert f"is cluster trainers of project other-proj-1, not trainers of {PROJECT}" in err, err
+    assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert not values_file.exists()

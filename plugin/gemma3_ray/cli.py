@@ -139,7 +139,9 @@ def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:
-    logging.getLogger("pyhelm3").addHandler(logging.NullHandler())  # its "command failed" lines: we say it once
+    # Libraries' log lines (pyhelm3's "command failed", the kubernetes client's exec-plugin errors on the root
+    # logger) never reach the terminal: every outcome is said once, as a sentence.
+    logging.getLogger().addHandler(logging.NullHandler())
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler

@@ -7,9 +7,10 @@ import base64
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from gemma3_ray.errors import ClusterError, UserError
+from gemma3_ray.errors import ClusterError, MissingBinary, UserError
 
 RAY_GROUP = "ray.io"
 RAY_VERSION = "v1"
@@ -20,12 +21,14 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 DASHBOARD_PORT = 8265
 HTTP_NOT_FOUND = 404
 HTTP_FORBIDDEN = 403
+HTTP_UNAUTHORIZED = 401
 
 
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> Any:
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
+    _check_credential_plugin(kubeconfig, context)
     try:
         config.load_kube_config(config_file=kubeconfig, context=context)
     except (ConfigException, FileNotFoundError) as exc:
@@ -36,12 +39,40 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> An
     return client
 
 
+def _check_credential_plugin(kubeconfig: str | None, context: str | None) -> None:
+    """The kube context's exec credential plugin (GKE: gke-gcloud-auth-plugin) must be on PATH: the kubernetes
+    client only logs its absence and then talks to the cluster without credentials."""
+    import os
+    import shutil
+
+    import yaml
+
+    path = Path(kubeconfig or (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]).expanduser()
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        name = context or doc.get("current-context")
+        ctx = next(c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == name)
+        user = next(u.get("user") or {} for u in doc.get("users") or [] if u.get("name") == ctx.get("user"))
+        command = str((user.get("exec") or {}).get("command") or "")
+    except (OSError, yaml.YAMLError, StopIteration, AttributeError, TypeError):
+        return  # the kubernetes client reports an unreadable kubeconfig itself
+    if command and shutil.which(command) is None:
+        hint = ("install it with `gcloud components install gke-gcloud-auth-plugin` (or your package manager's "
+                "google-cloud-cli-gke-gcloud-auth-plugin)") if "gke-gcloud-auth-plugin" in command else "install it"
+        raise MissingBinary(f"The kube context's credential plugin {command} is not on PATH: {hint}, then run this "
+                            "again.")
+
+
 def core_v1(kubeconfig: str | None = None, context: str | None = None) -> Any:
     return load_config(kubeconfig, context).CoreV1Api()
 
 
 def _api_error(exc: Exception, what: str) -> UserError:
     status = getattr(exc, "status", None)
+    if status == HTTP_UNAUTHORIZED:
+        return ClusterError(f"The cluster refused your credentials (401) when asked to {what}: refresh them with "
+                            "`gcloud auth login` and `gcloud container clusters get-credentials CLUSTER --location "
+                            "LOCATION`, then run this again.")
     if status == HTTP_FORBIDDEN:
         return ClusterError(f"The cluster forbids you to {what}: ask for a Role that allows it in this namespace.")
     return ClusterError(f"Could not {what}: {getattr(exc, 'reason', None) or exc}.")

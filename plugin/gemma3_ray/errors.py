@@ -63,6 +63,10 @@ class NotFound(UserError):
     """Something the command needs does not exist."""
 
 
+class MissingBinary(UserError):
+    """A program the command runs is not installed (or not on PATH)."""
+
+
 class ClusterError(UserError):
     """The Kubernetes cluster or a resource in it is not in the state the command needs."""
 

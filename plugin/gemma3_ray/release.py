@@ -9,16 +9,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gemma3_ray.errors import EXIT_USAGE, ClusterError, NotFound, UserError, kube_unreachable
+from gemma3_ray.errors import EXIT_USAGE, ClusterError, MissingBinary, NotFound, UserError, kube_unreachable
 from gemma3_ray.tokens import shown
 
 # The chart beside the plugin in this repository (plugin/ and charts/ are siblings).
 DEFAULT_CHART = Path(__file__).resolve().parents[2] / "charts" / "gemma3-ray"
 HELM_TIMEOUT = "10m"
-
-
-class MissingBinary(UserError):
-    """A program the command runs is not installed (or not on PATH)."""
 
 
 def helm_executable() -> str:

@@ -84,3 +84,19 @@ def test_a_programming_error_is_called_a_bug_with_its_traceback_in_a_log(
     logs = list((tmp_path / "state" / "gemma3-ray").glob("crash-*.log"))
     assert len(logs) == 1 and str(logs[0]) in err
     assert "Traceback" in logs[0].read_text() and "AttributeError" in logs[0].read_text()
+
+
+def test_a_missing_credential_plugin_is_named(tmp_path: Path) -> None:
+    """The kubernetes client only logs a missing exec plugin (gke-gcloud-auth-plugin) and goes on without
+    credentials; the plugin names it, with the install command, and prints no log line."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{_closed_port()}'}}}}]\n"
+        "users: [{name: c, user: {exec: {apiVersion: client.authentication.k8s.io/v1beta1, "
+        "command: gke-gcloud-auth-plugin-not-here}}}]\ncontexts: [{name: c, context: {cluster: c, user: c}}]\n")
+    out = _run(["logs", *BASE, "--kubeconfig", str(path)], tmp_path)
+    assert out.returncode != 0
+    assert "credential plugin gke-gcloud-auth-plugin-not-here is not on PATH" in out.stderr, out.stderr
+    assert "gcloud components install gke-gcloud-auth-plugin" in out.stderr
+    assert "ERROR:root" not in out.stderr and "Traceback" not in out.stderr

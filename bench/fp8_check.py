@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU check of the FP8 base weights (trainer/fp8_linear.py) at Gemma 3 4B's shapes, micro-batch 16.
+"""GPU check of the FP8 experiment (bench/fp8_linear.py) at Gemma 3 4B's shapes, micro-batch 16.
 
 Per shape: the relative error of the FP8 forward and input gradient against bf16, and the time of each
 (bf16 matmul vs activation quantization + torch._scaled_mm), median of triton's do_bench.

@@ -1,7 +1,17 @@
-"""FP8 (e4m3) copies of the frozen base weights of LoRA layers, multiplied through torch._scaled_mm.
+"""FP8 (e4m3) copies of LoRA layers' frozen base weights through torch._scaled_mm: an experiment, not shipped.
 
-`recipe=fp8` (flag `fp8_base_weights`): every base weight W [N, K] under a fused LoRA layer is quantized
-once, with one scale per channel, into two e4m3 copies laid out for the two matmuls that use it:
+Not a trainer recipe or flag. Round 3 (issue #20) built it and measured it on one H200 (bench/RESULTS.md):
+the `fp8` row ran at 10.65 samples/s, slower than the bf16 default's 12.06, and its loss comparison
+against bf16 covers 11 steps of a reduced model, not the >= 200 steps issue #20 asks before a change of
+numerics may ship. So it lives here, and `bench/bench.py` applies it itself (`apply_to`) to the model the
+trainer's own path built, for its `fp8` row only. What the next round must measure before it ships: a
+row at least as fast as the same call's default (the per-layer check shows the separate activation
+quantization eating the e4m3 matmul's gain: fuse it into the op that produces x and gy, or scale per
+tensor), and the FP8 vs bf16 loss over >= 200 steps of the same batches, with the curves and the max
+relative gap.
+
+Every base weight W [N, K] under a fused LoRA layer (trainer/fast_lora.py) is quantized once, with one
+scale per channel, into two e4m3 copies laid out for the two matmuls that use it:
 
 - forward `y = x @ W^T`: W itself, one scale per output channel (row of W);
 - input gradient `gx = gy @ W`: W^T made contiguous, one scale per input channel (column of W);
@@ -12,7 +22,6 @@ other tensor stay bf16; the base weight needs no gradient (it is frozen). The bf
 (evaluation without the fused layer, merging, saving); the two copies add one byte per weight element each.
 On CPU (tests) the same quantized math runs as a dequantized matmul; `torch._scaled_mm` needs the GPU.
 """
-
 from __future__ import annotations
 
 from typing import Any
@@ -26,16 +35,16 @@ def capability_problem(device) -> str | None:
     """Why FP8 matmuls cannot run on `device`, as one sentence with the fix (None: they can)."""
     import torch
 
-    fix = "use --recipe=fast (bf16)"
+    fix = "run the fp8 row on one of those, or the default row (bf16)"
     if device.type != "cuda":
-        return f"recipe=fp8 needs a GPU with FP8 (compute capability 8.9 or newer: L4, H100, H200, B200); {fix}"
+        return f"the fp8 row needs a GPU with FP8 (compute capability 8.9 or newer: L4, H100, H200, B200); {fix}"
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
-        return (f"recipe=fp8 needs FP8 matmuls (compute capability 8.9 or newer: L4, H100, H200, B200), and this "
-                f"{name} has {major}.{minor}; {fix}")
+        return (f"the fp8 row needs FP8 matmuls (compute capability 8.9 or newer: L4, H100, H200, B200), and "
+                f"this {name} has {major}.{minor}; {fix}")
     if not hasattr(torch, "_scaled_mm"):
-        return f"recipe=fp8 needs torch._scaled_mm (torch {torch.__version__} lacks it); {fix}"
+        return f"the fp8 row needs torch._scaled_mm (torch {torch.__version__} lacks it); run the default row"
     return None
 
 
@@ -69,7 +78,7 @@ def quantize_rows(t) -> tuple[Any, Any]:
     except Exception as e:  # noqa: BLE001 - a compiler problem costs speed, not the run
         if fn is _quantize_rows:
             raise
-        print(f"[trainer] FP8: compiling the activation quantization failed ({type(e).__name__}); eager", flush=True)
+        print(f"[bench] FP8: compiling the activation quantization failed ({type(e).__name__}); eager", flush=True)
         _COMPILED["fn"] = _quantize_rows
         return _quantize_rows(t)
 
@@ -116,7 +125,7 @@ def _mm(a, b_q, b_scale):
 
 def apply(model) -> dict[str, Any]:
     """Give every PEFT LoRA Linear of `model` whose base is a plain frozen Linear its FP8 copies (the fused
-    layer in fast_lora.py reads them); returns how many and their bytes."""
+    layer of trainer/fast_lora.py reads them as `base_matmuls`); returns how many and their bytes."""
     import torch
     from peft.tuners.lora import Linear as LoraLinear
 
@@ -129,7 +138,7 @@ def apply(model) -> dict[str, Any]:
         if not dims_ok or base.weight.requires_grad:
             skipped += 1
             continue
-        base.fp8_weight = Fp8Weight(base.weight)
+        base.base_matmuls = Fp8Weight(base.weight)  # fast_lora's fused Function runs W's matmuls through it
         count += 1
         nbytes += 2 * base.weight.numel()
     return {"fp8_layers": count, "fp8_gib": round(nbytes / 2**30, 2), "skipped": skipped}
@@ -150,6 +159,23 @@ def self_test(device) -> str | None:
             err = float((got.float() - want).norm() / want.norm())
             if not err < 1e-2:
                 return f"torch._scaled_mm differs from the dequantized product: relative error {err:.3g}"
-    except Exception as e:  # noqa: BLE001 - reported, and the job refuses the recipe with it
+    except Exception as e:  # noqa: BLE001 - reported, and apply_to refuses the row with it
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return None
+
+
+def apply_to(model, levers: dict[str, Any]) -> dict[str, Any]:
+    """The bench's `fp8` row: check the GPU and `torch._scaled_mm`, and that the trainer's own path fused the
+    LoRA layers (`levers`: its speed_levers), then give `model`'s LoRA layers their FP8 copies; refuses in
+    one sentence (RuntimeError)."""
+    device = next(model.parameters()).device
+    fused = levers.get("fused_lora", {})
+    problem = capability_problem(device) or (f"the fp8 row: {why}" if (why := self_test(device)) else None)
+    if problem is None and not fused.get("fused"):
+        problem = (f"the fp8 row runs through the fused LoRA layer, which did not run here "
+                   f"({fused.get('skipped', 'fused_lora is off')}); drop --fused_lora=false")
+    if problem:
+        raise RuntimeError(problem)
+    counts = apply(model)
+    print(f"[bench] FP8 base weights: {counts}", flush=True)
+    return counts

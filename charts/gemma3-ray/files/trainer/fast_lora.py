@@ -155,7 +155,7 @@ def _function():
 
     class FusedLoraLinear(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, p: float, seed: int, fp8=None):
+        def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, p: float, seed: int, base_matmuls=None):
             shape = x.shape
             k = shape[-1]
             x2 = x.reshape(-1, k)
@@ -164,12 +164,12 @@ def _function():
             inv_keep = 1.0 / (1.0 - threshold(p) / (1 << BITS)) if p > 0 else 1.0
             hs = (_fwd_h(x2, lora_a, seed, p) * (scaling * inv_keep)).to(x.dtype)
             y = torch.addmm(bias, hs, lora_b.t()) if bias is not None else hs @ lora_b.t()
-            if fp8 is None:
+            if base_matmuls is None:
                 y.addmm_(x2, weight.t())
-            else:  # the frozen base weight's e4m3 copies (fp8_linear.py)
-                y.add_(fp8.forward(x2))
+            else:
+                y.add_(base_matmuls.forward(x2))
             ctx.save_for_backward(x2, weight, lora_a, lora_b, hs)
-            ctx.scaling, ctx.p, ctx.seed, ctx.shape, ctx.fp8 = scaling, p, seed, shape, fp8
+            ctx.scaling, ctx.p, ctx.seed, ctx.shape, ctx.base_matmuls = scaling, p, seed, shape, base_matmuls
             return y.view(*shape[:-1], weight.shape[0])
 
         @staticmethod
@@ -180,7 +180,7 @@ def _function():
             gb = gy2.t() @ hs
             gx = None
             if ctx.needs_input_grad[0]:
-                gx = gy2 @ weight if ctx.fp8 is None else ctx.fp8.input_grad(gy2.contiguous())
+                gx = gy2 @ weight if ctx.base_matmuls is None else ctx.base_matmuls.input_grad(gy2.contiguous())
             ga = _bwd_lora(x2, gs, lora_a, gx, ctx.seed, ctx.p)
             gx_out = gx.view(ctx.shape) if gx is not None else None
             return gx_out, None, None, ga.to(lora_a.dtype), gb.to(lora_b.dtype), None, None, None, None
@@ -191,9 +191,13 @@ def _function():
 _FUNCTION: Any = None
 
 
-def fused_lora_linear(x, weight, bias, lora_a, lora_b, scaling: float, p: float, training: bool, fp8=None):
-    """y = x @ W^T + b + scaling * dropout_p(x) @ A^T @ B^T, as PEFT's LoRA layer (W and b frozen); with
-    `fp8` (fp8_linear.Fp8Weight of W) the two matmuls with W run in e4m3."""
+def fused_lora_linear(x, weight, bias, lora_a, lora_b, scaling: float, p: float, training: bool,
+                      base_matmuls=None):
+    """y = x @ W^T + b + scaling * dropout_p(x) @ A^T @ B^T, as PEFT's LoRA layer (W and b frozen).
+
+    `base_matmuls` (the base layer's attribute of that name), if given, computes the two products with the
+    frozen W instead: `.forward(x2)` = x2 @ W^T and `.input_grad(gy2)` = gy2 @ W (the trainer sets none;
+    bench/fp8_linear.py's unshipped experiment does)."""
     import torch
 
     global _FUNCTION
@@ -201,7 +205,7 @@ def fused_lora_linear(x, weight, bias, lora_a, lora_b, scaling: float, p: float,
         _FUNCTION = _function()
     p = p if training else 0.0
     seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if p > 0 else 0  # CPU generator: no GPU sync
-    return _FUNCTION.apply(x, weight, bias, lora_a, lora_b, float(scaling), float(p), seed, fp8)
+    return _FUNCTION.apply(x, weight, bias, lora_a, lora_b, float(scaling), float(p), seed, base_matmuls)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -243,7 +247,7 @@ def _fused_forward(layer, original):
         p = drop.p if isinstance(drop, torch.nn.Dropout) else 0.0
         base = layer.base_layer
         return fused(x, base.weight, base.bias, layer.lora_A[name].weight, layer.lora_B[name].weight,
-                                 layer.scaling[name], p, layer.training, getattr(base, "fp8_weight", None))
+                                 layer.scaling[name], p, layer.training, getattr(base, "base_matmuls", None))
 
     return forward
 

@@ -54,22 +54,21 @@ RUN_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # bench/RESULTS.md measures both recipes.
 # ----------------------------------------------------------------------------------------------
 KEEP = object()
-RECIPE_COLUMNS = ("fast", "tutorial", "fp8")
+RECIPE_COLUMNS = ("fast", "tutorial")
 RECIPES: dict[str, tuple[Any, ...]] = {
-    #                              fast    tutorial  fp8      on CPU
-    "quantization":               ("none", "4bit",   "none",  KEEP),
-    "attn_implementation":        ("sdpa", "eager",  "sdpa",  KEEP),
-    "gradient_checkpointing":     (False,  True,     False,   KEEP),
+    #                              fast    tutorial  on CPU
+    "quantization":               ("none", "4bit",   KEEP),
+    "attn_implementation":        ("sdpa", "eager",  KEEP),
+    "gradient_checkpointing":     (False,  True,     KEEP),
     # the micro-batch cap: 16 x ~410 tokens with fused LoRA peak at ~97-108 GiB on 4B (H200/B200); 8 (~72 GiB)
     # on an 80 GB H100
-    "per_device_train_batch_size": (16,    1,        16,      KEEP),
-    "use_liger_kernel":           (True,   False,    True,    False),
-    "adapter_dtype":              ("bf16", "fp32",   "bf16",  "fp32"),
-    "dataloader_num_workers":     (4,      0,        4,       0),
-    "compile_vision":             (False,  False,    False,   False),
-    "fused_lora":                 (True,   False,    True,    False),
-    "vision_attention":           ("cudnn", "sdpa",  "cudnn", "sdpa"),
-    "fp8_base_weights":           (False,  False,    True,    KEEP),
+    "per_device_train_batch_size": (16,    1,        KEEP),
+    "use_liger_kernel":           (True,   False,    False),
+    "adapter_dtype":              ("bf16", "fp32",   "fp32"),
+    "dataloader_num_workers":     (4,      0,        0),
+    "compile_vision":             (False,  False,    False),
+    "fused_lora":                 (True,   False,    False),
+    "vision_attention":           ("cudnn", "sdpa",  "sdpa"),
 }
 # Values only a GPU worker can use: flag -> (value, why and the fix on CPU).
 GPU_ONLY: dict[str, tuple[Any, str]] = {
@@ -78,8 +77,6 @@ GPU_ONLY: dict[str, tuple[Any, str]] = {
     "use_liger_kernel": (True, "Triton kernels; drop it or set --use_gpu=true"),
     "adapter_dtype": ("bf16", "the CPU path trains in fp32; drop it or set --use_gpu=true"),
     "compile_vision": (True, "drop it or set --use_gpu=true"),
-    "fp8_base_weights": (True, "FP8 matmuls need compute capability 8.9 or newer (L4, H100, H200, B200); use "
-                               "--recipe=fast on CPU"),
 }
 
 
@@ -139,14 +136,11 @@ class TrainArguments:
                 "of the workers only installs requirements.txt beside vision_train.py (ray excluded) and extra_pip.")
     extra_pip: str = flag("[]", 'JSON list of extra pip requirements the workers install with installer uv/pip '
                                 '(derived: rayJob.runtimeEnv.extraPip), e.g. ["wandb==0.19.0"].')
-    recipe: Literal["fast", "tutorial", "fp8"] = flag(
+    recipe: Literal["fast", "tutorial"] = flag(
         "fast", "Preset for the speed/memory flags left unset: fast (bf16 fused LoRA, sdpa, no checkpointing, "
-                "micro-batch up to 16, Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200), "
-                "tutorial (the tutorial's QLoRA: 4-bit, eager, checkpointing, micro-batch 1; fits small GPUs) or fp8 "
-                "(experimental: fast with the frozen base weights in FP8, other numerics, GPUs with compute capability "
-                ">= 8.9; slower than fast on an H200 so far, its loss check against bf16 is incomplete). "
-                "All keep the tutorial's optimization (global_batch_size, learning rate, schedule). See "
-                "bench/RESULTS.md.")
+                "micro-batch up to 16, Liger kernels, data loader processes; ~108 GiB/GPU on 4B, for H200/B200) or "
+                "tutorial (the tutorial's QLoRA: 4-bit, eager, checkpointing, micro-batch 1; fits small GPUs). Both "
+                "keep the tutorial's optimization (global_batch_size, learning rate, schedule). See bench/RESULTS.md.")
     quantization: Literal["none", "4bit"] | None = flag(None, "4bit = QLoRA (NF4) (default: from --recipe).")
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = flag(
         None, "Attention kernel (default: from --recipe).")
@@ -179,10 +173,6 @@ class TrainArguments:
         None, "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU).", min=0)
     fused_lora: bool | None = flag(None, "LoRA layers as one fused Function: dropout applied while loading x, no "
                                          "copies (Triton; same semantics as PEFT's layer; default: from --recipe).")
-    fp8_base_weights: bool | None = flag(
-        None, "Frozen base weights of the LoRA layers also kept in FP8 e4m3 (per-channel scales) for the forward and "
-              "input-gradient matmuls (torch._scaled_mm; adapters stay bf16; needs fused_lora and compute capability "
-              ">= 8.9; default: from --recipe: fp8).")
     vision_attention: Literal["sdpa", "cudnn"] | None = flag(
         None, "SigLIP attention kernel: SDPA's choice or cuDNN's fused attention first (default: from --recipe).")
     image_feature_cache_gib: float = flag(
@@ -255,10 +245,6 @@ CONFLICTS: list[tuple[Callable[[TrainArguments], Any], str]] = [
      "resume_from={a.resume_from!r} is neither a run name nor a gs:// or local checkpoint path"),
     (lambda a: a.installer == "none" and a.extra_pip.strip() not in ("", "[]"),
      "extra_pip={a.extra_pip} needs --installer=uv or pip (with installer none the workers install nothing)"),
-    (lambda a: a.use_gpu and a.fp8_base_weights and not a.fused_lora,
-     "fp8_base_weights=true runs through the fused LoRA layer: drop --fused_lora=false"),
-    (lambda a: a.fp8_base_weights and a.quantization == "4bit",
-     "fp8_base_weights=true replaces 4-bit quantization: drop --quantization=4bit"),
     (lambda a: a.resume_from and a.resume_from == a.run_name,
      "resume_from={a.resume_from!r} names this run itself; a restart of a run resumes its own checkpoints without it"),
 ]

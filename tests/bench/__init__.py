@@ -1,0 +1,1 @@
+"""Tests of bench/ modules that are not shipped with the trainer."""

@@ -40,6 +40,7 @@ READER = "roles/artifactregistry.reader"
 WRITER = "roles/artifactregistry.writer"
 STAGING_ROLES = ("roles/storage.objectViewer", "roles/storage.objectCreator")  # fetch the source, write the log
 BUILD_SA_ID = f"{names.PRODUCT}-build"
+LEGACY_STAGING_ROLE = "roles/storage.objectAdmin"  # what earlier versions gave the (node-shared) build account
 CREATE_TIMEOUT_S = 300
 
 
@@ -158,6 +159,15 @@ class RegistryPrereqs:
         plan.actions.append(Action(f"grant {text}", lambda: call_google(
             "set the IAM policy of", resource, lambda: iam_policy.change_binding(access(), role, member, present=True))))
 
+    def _revoke(self, plan: Plan, access: Callable[[], iam_policy.PolicyAccess], resource: str, role: str,
+                member: str, exists: bool) -> None:
+        if not exists or not access().has(call_google("read the IAM policy of", resource, lambda: access().read()),
+                                          role, member):
+            return
+        plan.actions.append(Action(f"revoke {role} on {resource} from {member} (the nodes' identity only reads the "
+                                   "repository; builds run as their own account)", lambda: call_google(
+            "set the IAM policy of", resource, lambda: iam_policy.change_binding(access(), role, member, present=False))))
+
     def extend(self, plan: Plan) -> None:
         """Add the image prerequisites to ``plan`` (without credentials: what it would ensure, unchecked)."""
         try:
@@ -205,6 +215,10 @@ class RegistryPrereqs:
 
         for sa in pullers:
             self._grant(plan, repo_access, self.reg.host, READER, f"serviceAccount:{sa}", repo_exists)
+            # what builds running as the nodes' account needed before builds had their own: the nodes only read
+            self._revoke(plan, repo_access, self.reg.host, WRITER, f"serviceAccount:{sa}", repo_exists)
+            self._revoke(plan, bucket_access, f"gs://{self.reg.staging_bucket}", LEGACY_STAGING_ROLE,
+                         f"serviceAccount:{sa}", bucket is not None)
         plan.in_place.append(f"node pull identity: {', '.join(pullers)} ({how})")
         builder = f"serviceAccount:{build_account(self.dep.project)}"
         sa_exists = self._build_account(plan)

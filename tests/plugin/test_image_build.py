@@ -219,6 +219,31 @@ def test_a_failed_build_prints_its_log_and_pushes_nothing(
     assert "Done:" not in captured.out and cloud.registry.tags == {}
 
 
+def test_grants_an_earlier_version_gave_the_nodes_account_are_revoked(
+    cloud: Cloud, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Earlier versions built as the Compute Engine default account, which often is the nodes' too: writer on
+    the repository and objectAdmin on the staging bucket. Now the nodes' identity only reads the repository."""
+    from gemma3_ray import iam_policy
+
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
+    node = f"serviceAccount:{NODES}"
+    iam_policy.change_binding(iam_policy.service_account_policy(cloud.registry, REPO), "roles/artifactregistry.writer",
+                              node, present=True)
+    iam_policy.change_binding(iam_policy.bucket_policy(storage_client(cloud.url).bucket(STAGING)),
+                              "roles/storage.objectAdmin", node, present=True)
+    capsys.readouterr()
+    assert cli.main(["prereqs", "--image", *BASE], cloud.clients()) == 0
+    out = capsys.readouterr().out
+    assert f"+ revoke roles/artifactregistry.writer on {HOST} from {node}" in out
+    assert f"+ revoke roles/storage.objectAdmin on gs://{STAGING} from {node}" in out
+    assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
+    assert _members(cloud.registry.policies[REPO], "roles/artifactregistry.writer") == {BUILDER}
+    assert _members(cloud.registry.policies[REPO], "roles/artifactregistry.reader") == {node}
+    assert node not in {m for b in storage_client(cloud.url).bucket(STAGING).get_iam_policy(
+        requested_policy_version=3).bindings for m in b["members"]}
+
+
 def test_the_builder_grant_is_what_lets_it_push(cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     policy = cloud.registry.policies[REPO]

@@ -16,7 +16,7 @@ from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
 from tests.plugin.test_prereqs import BASE, _clients
 
-CHANGING = [["prereqs"], ["down"], ["up"], ["cluster", "create"], ["cluster", "delete"], ["image", "build"]]
+CHANGING = [["prereqs"], ["down"], ["up"], ["cluster", "create"], ["cluster", "delete"], ["image", "build"], ["kueue", "setup"]]
 HAD_DRY_RUN = [["prereqs"], ["down"], ["cluster", "delete"]]
 
 

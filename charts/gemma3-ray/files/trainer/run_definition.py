@@ -33,15 +33,9 @@ def _sha256(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def _text(meta, key: str) -> str:
-    """A value of a pyarrow object-metadata mapping (str or bytes keys and values, by pyarrow version)."""
-    value = next((v for k, v in dict(meta or {}).items() if (k.decode() if isinstance(k, bytes) else k) == key), "?")
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def data_files(name: str, emulator_host: str | None = None) -> dict[str, str]:
     """{data file: identity} of a dataset: the sha256 of each local file, the generation of each gs:// object
-    (its metadata: nothing is downloaded); {} for a hub dataset (identified by its name)."""
+    (its update time and size, from the listing: nothing is downloaded); {} for a hub dataset (by its name)."""
     if name.startswith("gs://"):
         import pyarrow.fs as pafs
 
@@ -52,13 +46,10 @@ def data_files(name: str, emulator_host: str | None = None) -> dict[str, str]:
         else:
             infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
                      if i.type == pafs.FileType.File and i.path.endswith(DATA_SUFFIXES)]
-        found = {}
-        for i in sorted(infos, key=lambda i: i.path):
-            with fs.open_input_file(i.path) as fh:
-                meta = fh.metadata()
-            found[i.path[len(path.rstrip("/")) + 1:] or Path(i.path).name] = \
-                f"generation:{_text(meta, 'generation')}"
-        return found
+        # Each object's generation as its metadata listing gives it: the update time (a rewrite, even of
+        # the same bytes, is a new generation with its own) and size; no object is opened or downloaded.
+        return {(i.path[len(path.rstrip("/")) + 1:] or Path(i.path).name): f"generation:{i.mtime_ns}:{i.size}"
+                for i in sorted(infos, key=lambda i: i.path)}
     local = Path(name)
     if local.is_file():
         return {local.name: _sha256(local)}

@@ -358,7 +358,7 @@ def prepare_data(args: TrainArguments, processor, emulator_host: str | None, sca
     return train, evaluation, Collator(encoder, image_base, emulator_host, cache, skip_log, train), stats
 
 
-def check_dataset_before_download(args: TrainArguments, emulator_host: str | None) -> None:
+def check_dataset_before_download(args: TrainArguments, emulator_host: str | None, version: str = "") -> None:
     """Columns of the data, checked before any model download (reads only the schema where it can)."""
     mapping = column_mapping(args)
     name = args.dataset_name
@@ -377,6 +377,6 @@ def check_dataset_before_download(args: TrainArguments, emulator_host: str | Non
             columns = list(json.loads(first).keys()) if first.strip() else []
         check_schema(columns, mapping, name)
         return
-    check_schema(list(load_rows(args, emulator_host)[0].column_names), mapping, name)
+    check_schema(list(load_rows(args, emulator_host, version)[0].column_names), mapping, name)  # the workers' copy
 
 

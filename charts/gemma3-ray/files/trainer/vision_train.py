@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         if plan.finished is not None:
             return plan.finished
         storage = plan.storage
-        check_dataset_before_download(args, storage.emulator_host)
+        check_dataset_before_download(args, storage.emulator_host, plan.definition["data"]["identity"])
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from e

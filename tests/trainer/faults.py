@@ -54,3 +54,18 @@ class RemoveFileOnTrainBegin:
 
     def __call__(self, ctx):
         return _RemoveOnTrainBegin(self.path)
+
+
+@dataclass
+class RefuseOnRankOne:
+    """A usage error on the worker of rank 1 only, while rank 0 goes on into the data scan's collective:
+    the job must end with that one sentence, not wait forever for rank 1."""
+
+    sentence: str
+
+    def __call__(self, ctx):
+        from flags import UsageError
+
+        if ctx.rank == 1:
+            raise UsageError(self.sentence)
+        return None

@@ -20,7 +20,7 @@ from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
-from tests.trainer.faults import KillWorkerAfterStep
+from tests.trainer.faults import KillWorkerAfterStep, RefuseOnRankOne
 from tests.trainer.faults import marker as fault_marker
 
 pytestmark = pytest.mark.slow
@@ -226,3 +226,14 @@ def test_ray_listens_on_loopback_only(local_run) -> None:
         if not (addr.is_loopback or (mapped is not None and mapped.is_loopback)):
             exposed.append(f"{name} {ip}:{port}")
     assert not exposed, f"Ray listens beyond loopback: {exposed}"
+
+
+def test_a_usage_error_on_one_rank_ends_the_job(ray_cluster, tiny_model, data, cache_dir, tmp_path, capsys) -> None:
+    """Rank 1 refuses its inputs while rank 0 waits for it in a collective (the data scan's broadcast):
+    the job ends with rank 1's sentence and exit 2 (a rank that only returned left rank 0 waiting forever)."""
+    sentence = "rank 1 refuses these inputs"
+    flags = job_flags(tiny_model, data, cache_dir, str(tmp_path / "storage"), MAX_STEPS, run_name="refused")
+    with pytest.raises(SystemExit) as stop:
+        vision_train.main(flags, callbacks=[RefuseOnRankOne(sentence)])
+    assert stop.value.code == 2
+    assert f"error: {sentence}" in capsys.readouterr().err

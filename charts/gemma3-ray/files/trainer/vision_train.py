@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
             worker_runtime_env=worker_runtime_env(args.installer, extra_pip(args)),
         ),
     )
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception:  # a rank stopped the group on a usage error (worker.StopAllRanks): say it, no traceback
+        if not storage.exists(USAGE_ERROR_FILE):
+            raise
+        result = None
     problem = storage.read_bytes(USAGE_ERROR_FILE)
     if problem:
         print(f"error: {problem.decode()}", file=sys.stderr)

@@ -59,6 +59,11 @@ def build_callbacks(ctx: WorkerContext, reporter: RunReporter, factories: list[C
     return callbacks
 
 
+class StopAllRanks(RuntimeError):
+    """A usage error on one rank: raised so that Ray Train ends the whole worker group (a rank that only
+    returned would leave the others waiting for it in a collective)."""
+
+
 def train(config: dict[str, Any]) -> None:
     """The body of Ray Train's train_loop_per_worker."""
     import ray.train
@@ -68,6 +73,8 @@ def train(config: dict[str, Any]) -> None:
     startup_timing.begin(config.get("startup"))  # the job start split: this worker is running
     args = TrainArguments(**config["args"])
     storage = Storage(**config["storage"])
+    if storage.exists(USAGE_ERROR_FILE):  # a rank of an earlier attempt refused the inputs: no retry trains
+        return
     if args.use_gpu:  # before the first CUDA allocation of this worker process
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
     train_ctx = ray.train.get_context()
@@ -102,8 +109,9 @@ def train(config: dict[str, Any]) -> None:
             check_rows(stats["train_rows"], batch.global_batch, f"of {stats['rows']} rows, "
                        f"{sum(stats['skipped_rows'].values())} skipped, {stats['eval_rows']} held out for eval")
         except UsageError as e:
-            if rank == 0:
-                storage.write_bytes(USAGE_ERROR_FILE, str(e).encode())
+            storage.write_bytes(USAGE_ERROR_FILE, str(e).encode())  # any rank: the driver prints it
+            if world_size > 1:  # the other ranks may already wait for this one in a collective: end them all
+                raise StopAllRanks(str(e)) from e
             return
         if rank == 0:
             print(describe(batch, world_size, args.per_device_train_batch_size), flush=True)

@@ -19,7 +19,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: help setup tools venv checkov apt-packages sync-trainer test lint demo prereqs bench clean
+.PHONY: help setup tools venv checkov apt-packages e2e-packages e2e-parts sync-trainer test lint demo e2e prereqs bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -59,6 +59,15 @@ apt-packages:  ## Debian packages the tests need (apt-get install only what is m
 	  $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
+# What the local cluster of `make e2e` runs on (e2e/cluster.sh) and builds its images with (e2e/image.sh).
+E2E_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat etcd-server openssl \
+  mmdebstrap buildah umoci skopeo
+e2e-packages:  ## Debian packages of the local e2e cluster (apt-get install only what is missing)
+	@$(MAKE) --no-print-directory apt-packages APT_PACKAGES="$(E2E_PACKAGES)"
+
+e2e-parts: e2e-packages  ## build the cluster's parts from their Go modules once per version (cache: ~/.cache/gemma3-ray)
+	e2e/parts.sh build
+
 sync-trainer:  ## the trainer's flags into the chart's `training:` schema (trainer/ is the chart's files/trainer)
 	$(PY) scripts/sync_trainer_schema.py
 
@@ -68,6 +77,9 @@ lint: setup  ## ruff
 test: setup  ## the test suite (offline; CPU)
 	$(PY) -m ruff check .
 	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q tests
+
+e2e: tools venv e2e-parts  ## the chart on a real cluster: $$KUBECONFIG, else a local one-node cluster of real parts
+	$(PY) -m e2e $(ARGS)
 
 # DEMO_START is read when make starts, so the demo's "make demo total" includes the installs.
 demo: export DEMO_START := $(shell date +%s.%N)

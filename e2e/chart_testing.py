@@ -1,0 +1,43 @@
+"""chart-testing on the real cluster: `ct lint` of the chart, `ct install` with the ci/ values a CPU node can run."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+from e2e.harness import CHART, ROOT, VALUES, Harness
+from e2e.kube import StageError
+
+# The ci/ values files a one-node CPU cluster can run (the others ask for GPU nodes, GKE node pools,
+# reservations or a newer KubeRay). ct installs every ci/*-values.yaml of the chart it is given, so
+# `ct install` gets a copy of the chart whose ci/ holds only these.
+CPU_NODE_VALUES = ["cpu-node-values.yaml"]
+
+
+def ct_binary() -> str:
+    out = subprocess.run([str(ROOT / "e2e" / "parts.sh"), "path", "ct"], capture_output=True, text=True, check=True)
+    return f"{out.stdout.strip()}/ct"
+
+
+def chart_testing(h: Harness) -> None:
+    ct = ct_binary()
+    config = ROOT / "ct.yaml"
+    with h.record.stage("ct lint", "chart-testing lint with ct.yaml (every ci/ values file)") as st:
+        h.kube.run([ct, "lint", "--config", str(config), "--charts", str(CHART)], timeout=600, what="ct lint")
+        st.detail = f"{len(list((CHART / 'ci').glob('*-values.yaml')))} ci values files"
+    with h.record.stage("ct install", f"chart-testing install + helm test with ci/{', '.join(CPU_NODE_VALUES)}") as st:
+        work = ROOT / "e2e-output" / "ct"
+        shutil.rmtree(work, ignore_errors=True)
+        copy = work / CHART.name
+        shutil.copytree(CHART, copy, symlinks=False)
+        for f in (copy / "ci").glob("*-values.yaml"):
+            if f.name not in CPU_NODE_VALUES:
+                f.unlink()
+        sets = " ".join(f"--set-string {shlex.quote(f'{k}={v}')}" for k, v in h.base_sets().items())
+        extra = f"--values {VALUES} {sets}"
+        h.kube.run([ct, "install", "--config", str(config), "--charts", str(copy), "--helm-extra-set-args", extra,
+                    "--helm-extra-args", "--timeout 600s"], timeout=1200, what="ct install")
+        st.detail = "installed, helm test passed, uninstalled (ct's own namespace)"
+    if not (CHART / "ci" / CPU_NODE_VALUES[0]).is_file():
+        raise StageError(f"charts/gemma3-ray/ci/{CPU_NODE_VALUES[0]} is missing")

@@ -1,0 +1,161 @@
+"""kubectl and helm against the e2e cluster: commands, waits on real status, and the diagnostics a failure prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# RayJob states (KubeRay v1.5 `status.jobStatus`, `status.jobDeploymentStatus`).
+JOB_DONE = {"SUCCEEDED", "FAILED", "STOPPED"}
+DEPLOYMENT_DONE = {"Complete", "Failed"}
+
+
+class StageError(RuntimeError):
+    """A stage failed: the message names the object and carries the cluster's own words."""
+
+
+@dataclass
+class Kube:
+    """The cluster the e2e runs on: its kubeconfig, the tools, and a log of every command run."""
+
+    kubeconfig: Path
+    log_path: Path
+    helm: str = "helm"
+    kubectl: str = "kubectl"
+    env: dict[str, str] = field(default_factory=dict)
+
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
+
+    def _log(self, text: str) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+    def run(self, argv: list[str], *, check: bool = True, timeout: float = 300, input_text: str | None = None,
+            what: str = "") -> subprocess.CompletedProcess[str]:
+        """Run a command; on failure (check) raise StageError with its own last lines."""
+        self._log(f"$ {shlex.join(argv)}")
+        try:
+            proc = subprocess.run(argv, env=self.environ(), capture_output=True, text=True, timeout=timeout,
+                                  input=input_text)
+        except subprocess.TimeoutExpired as e:
+            raise StageError(f"{what or argv[0]}: `{shlex.join(argv[:6])} …` did not finish in {timeout:.0f} s") from e
+        self._log(proc.stdout + proc.stderr)
+        if check and proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+            raise StageError(f"{what or argv[0]}: `{shlex.join(argv[:8])}` exited {proc.returncode}:\n{tail}")
+        return proc
+
+    def k(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run([self.kubectl, *args], **kw)
+
+    def h(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run([self.helm, *args], **kw)
+
+    def get(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
+        proc = self.k("-n", ns, "get", kind, name, "-o", "json", check=False, timeout=60)
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr or "not found" in proc.stderr:
+                return None
+            raise StageError(f"kubectl get {kind} {name} -n {ns}: {proc.stderr.strip()[-400:]}")
+        return json.loads(proc.stdout)
+
+    def items(self, kind: str, ns: str | None, selector: str = "") -> list[dict[str, Any]]:
+        args = ["get", kind, "-o", "json"] + (["-n", ns] if ns else ["-A"]) + (["-l", selector] if selector else [])
+        return json.loads(self.k(*args, timeout=60).stdout).get("items", [])
+
+    # ------------------------------------------------------------------ diagnostics
+    def diagnose(self, ns: str, limit: int = 12) -> str:
+        """What the cluster itself says about a namespace: warning events, pods that are not fine."""
+        lines: list[str] = []
+        try:
+            events = self.items("events", ns)
+        except StageError as e:
+            return f"(events unreadable: {e})"
+        for ev in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")[-40:]:
+            if ev.get("type") == "Warning" or ev.get("reason") in {"Failed", "FailedScheduling", "BackOff"}:
+                obj = ev.get("involvedObject", {})
+                lines.append(f"  event {obj.get('kind')}/{obj.get('name')}: {ev.get('reason')}: {ev.get('message', '').strip()[:300]}")
+        for pod in self.items("pods", ns):
+            st = pod.get("status", {})
+            for cs in st.get("containerStatuses", []) + st.get("initContainerStatuses", []):
+                waiting = cs.get("state", {}).get("waiting") or {}
+                term = cs.get("state", {}).get("terminated") or cs.get("lastState", {}).get("terminated") or {}
+                if waiting.get("reason") or (term and term.get("exitCode", 0) != 0):
+                    why = waiting.get("reason") or f"exit {term.get('exitCode')} ({term.get('reason')})"
+                    msg = waiting.get("message") or term.get("message") or ""
+                    lines.append(f"  pod {pod['metadata']['name']} container {cs['name']}: {why} {msg.strip()[:300]}")
+            if st.get("phase") == "Pending":
+                for c in st.get("conditions", []):
+                    if c.get("status") == "False" and c.get("message"):
+                        lines.append(f"  pod {pod['metadata']['name']}: {c['type']}: {c['message'][:300]}")
+        return "\n".join(lines[-limit:]) or "  (no warning events, no failing pods)"
+
+    def pod_log_tail(self, ns: str, selector: str, lines: int = 25) -> str:
+        proc = self.k("-n", ns, "logs", "-l", selector, "--all-containers", f"--tail={lines}", "--prefix",
+                      check=False, timeout=60)
+        return (proc.stdout or proc.stderr).strip()
+
+    # ------------------------------------------------------------------ waits
+    def wait_for(self, what: str, probe: Callable[[], Any], timeout: float, ns: str | None = None,
+                 interval: float = 2.0) -> Any:
+        """Poll probe() until it returns a truthy value; on timeout raise with the namespace's diagnostics."""
+        deadline = time.monotonic() + timeout
+        while True:
+            got = probe()
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                extra = f"\n{self.diagnose(ns)}" if ns else ""
+                raise StageError(f"{what}: not reached in {timeout:.0f} s{extra}")
+            time.sleep(interval)
+
+    def wait_rayjob(self, ns: str, name: str, timeout: float, *, want: str = "SUCCEEDED",
+                    on_running: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Follow a RayJob through the real operator until it ends; return its final object.
+
+        on_running is called once, when the job's Ray job is RUNNING (the head is up): checks that
+        need the live cluster (helm test, the dashboard port-forward) go there.
+        """
+        deadline = time.monotonic() + timeout
+        called = False
+        last = ""
+        while True:
+            job = self.get("rayjob", name, ns)
+            if job is None:
+                raise StageError(f"RayJob {ns}/{name} is gone while waiting for {want}")
+            st = job.get("status", {}) or {}
+            state = f"{st.get('jobDeploymentStatus', '-')}/{st.get('jobStatus', '-')}"
+            if state != last:
+                self._log(f"# RayJob {ns}/{name}: {state} {st.get('reason', '')} {st.get('message', '')}")
+                last = state
+            if on_running and not called and st.get("jobStatus") == "RUNNING":
+                called = True
+                on_running(job)
+            if st.get("jobStatus") in JOB_DONE and st.get("jobDeploymentStatus") in DEPLOYMENT_DONE | {"Suspended"} \
+                    or st.get("jobDeploymentStatus") in DEPLOYMENT_DONE:
+                if st.get("jobStatus") == want:
+                    return job
+                raise StageError(
+                    f"RayJob {ns}/{name} ended {state} (want {want}): reason {st.get('reason', '-')!r}, "
+                    f"message {st.get('message', '-')!r}\n{self.diagnose(ns)}\n"
+                    f"submitter log tail:\n{self.pod_log_tail(ns, f'job-name={name}')}")
+            if time.monotonic() > deadline:
+                raise StageError(f"RayJob {ns}/{name} still {state} after {timeout:.0f} s (want {want})\n"
+                                 f"{self.diagnose(ns)}")
+            time.sleep(2)
+
+    def gone(self, ns: str, selector: str, kinds: list[str]) -> list[str]:
+        """Objects of these kinds matching the selector that still exist (names as kind/name)."""
+        left: list[str] = []
+        for kind in kinds:
+            proc = self.k("-n", ns, "get", kind, "-l", selector, "-o", "name", check=False, timeout=60)
+            left += [line for line in proc.stdout.split() if line]
+        return left

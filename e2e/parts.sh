@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Builds the real cluster's parts from their Go modules, pinned, into a cache outside the clone,
+# keyed by version: a second run (and CI on the same machine) finds them and builds nothing.
+#   e2e/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct (default: all)
+#   e2e/parts.sh path PART         # the folder holding PART's binaries (built or not)
+#   e2e/parts.sh check             # exit 0 when every part is built
+set -euo pipefail
+
+# One place for the versions (the issue pins KubeRay v1.5.0 and Kueue v0.17.0). Kubernetes stays on
+# 1.32, the minor of ../shared/kube-apiserver, and on cgroup v1, which 1.35's kubelet refuses.
+# v1.32.9: the newest 1.32 whose 31 staging modules the proxy serves at the same version (v1.32.13:
+# k8s.io/endpointslice v0.32.13 refused; v1.32.11: k8s.io/kms v0.32.11; v1.32.12: kubectl, cli-runtime).
+KUBE_VERSION=v1.32.9
+COREDNS_VERSION=v1.12.4
+KUBERAY_VERSION=v1.5.0
+KUEUE_VERSION=v0.17.0
+CT_VERSION=v3.14.0
+
+CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+PARTS=(kube coredns kuberay kueue ct)
+
+part_dir() {
+  case $1 in
+    kube) echo "$CACHE/parts/kube-$KUBE_VERSION" ;;
+    coredns) echo "$CACHE/parts/coredns-$COREDNS_VERSION" ;;
+    kuberay) echo "$CACHE/parts/kuberay-$KUBERAY_VERSION" ;;
+    kueue) echo "$CACHE/parts/kueue-$KUEUE_VERSION" ;;
+    ct) echo "$CACHE/parts/ct-$CT_VERSION" ;;
+    *) echo "unknown part '$1' (one of: ${PARTS[*]})" >&2; return 2 ;;
+  esac
+}
+
+# wrapper DIR MODULE@VERSION: a module that requires MODULE at VERSION, with MODULE's own replace
+# directives copied (a dependency's replaces are ignored by Go, so the wrapper must restate them).
+wrapper() {
+  local dir=$1 mod=${2%@*} ver=${2#*@}
+  rm -rf "$dir/src"; mkdir -p "$dir/src"; cd "$dir/src"
+  go mod init "gemma3-ray.local/parts" >/dev/null 2>&1
+  curl -fsS "${GOPROXY_URL:-https://proxy.golang.org}/$(echo "$mod" | sed 's/[A-Z]/!\L&/g')/@v/$ver.mod" > upstream.mod
+  # copy replace lines that point at module versions (not at local folders)
+  awk '/^replace \(/{b=1;next} b&&/^\)/{b=0;next} b{print "replace " $0} /^replace [^(]/{print}' upstream.mod \
+    | grep -v '=> \./' | grep -v '=> \.\./' >> go.mod || true
+}
+
+build_kube() {
+  local out; out=$(part_dir kube); wrapper "$out" "k8s.io/kubernetes@$KUBE_VERSION"
+  local minor=${KUBE_VERSION#v1.}
+  # k8s.io/kubernetes requires its staging modules as v0.0.0 and replaces them with ./staging:
+  # replace each with its published release of the same version.
+  grep -oE 'k8s.io/[a-z0-9-]+ => \./staging' upstream.mod | awk '{print $1}' | while read -r m; do
+    case $m in k8s.io/sample-*|k8s.io/code-generator) continue ;; esac
+    echo "replace $m => $m v0.$minor" >> go.mod
+  done
+  go get "k8s.io/kubernetes@$KUBE_VERSION"
+  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
+  go build -trimpath -ldflags "$ld" -o "$out/bin.tmp/" k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-apiserver
+}
+
+build_coredns() {
+  local out; out=$(part_dir coredns); wrapper "$out" "github.com/coredns/coredns@$COREDNS_VERSION"
+  go get "github.com/coredns/coredns@$COREDNS_VERSION"
+  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/coredns" github.com/coredns/coredns
+}
+
+build_kuberay() {
+  local out; out=$(part_dir kuberay); wrapper "$out" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+  go get "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/ray-operator" github.com/ray-project/kuberay/ray-operator
+  # its CRDs, from the same module version
+  local src; src=$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
+  mkdir -p "$out/bin.tmp/crds"; cp "$src"/config/crd/bases/*.yaml "$out/bin.tmp/crds/"
+  # its ClusterRole, which e2e/cluster.sh binds to the operator's own user (out-of-cluster run)
+  mkdir -p "$out/bin.tmp/rbac"; cp "$src"/config/rbac/role.yaml "$out/bin.tmp/rbac/"
+}
+
+build_kueue() {
+  local out; out=$(part_dir kueue); wrapper "$out" "sigs.k8s.io/kueue@$KUEUE_VERSION"
+  go get "sigs.k8s.io/kueue@$KUEUE_VERSION"
+  go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    -o "$out/bin.tmp/kueue" sigs.k8s.io/kueue/cmd/kueue
+  local src; src=$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+  mkdir -p "$out/bin.tmp/crds"; cp "$src"/config/components/crd/bases/*.yaml "$out/bin.tmp/crds/"
+  # what e2e/cluster.sh needs to serve Kueue from the host: its ClusterRole, its webhook
+  # configurations and the CRDs its kustomization gives a conversion webhook (patches enabled there)
+  mkdir -p "$out/bin.tmp/rbac" "$out/bin.tmp/webhook" "$out/bin.tmp/crd-conversion"
+  cp "$src"/config/components/rbac/role.yaml "$out/bin.tmp/rbac/"
+  cp "$src"/config/components/webhook/manifests.yaml "$out/bin.tmp/webhook/"
+  local f
+  for f in $(grep -oE '^- path: patches/webhook_in_[a-z]+\.yaml' "$src"/config/components/crd/kustomization.yaml | cut -d' ' -f3); do
+    cp "$src/config/components/crd/$f" "$out/bin.tmp/crd-conversion/"
+  done
+}
+
+build_ct() {
+  local out; out=$(part_dir ct); wrapper "$out" "github.com/helm/chart-testing/v3@$CT_VERSION"
+  go get "github.com/helm/chart-testing/v3@$CT_VERSION"
+  go build -trimpath -ldflags "-s -w -X github.com/helm/chart-testing/v3/ct/cmd.Version=$CT_VERSION" \
+    -o "$out/bin.tmp/ct" github.com/helm/chart-testing/v3/ct
+  local src; src=$(go list -m -f '{{.Dir}}' github.com/helm/chart-testing/v3)
+  cp "$src"/etc/chart_schema.yaml "$src"/etc/lintconf.yaml "$out/bin.tmp/" 2>/dev/null || true
+}
+
+build() {
+  local p out
+  for p in "$@"; do
+    out=$(part_dir "$p")
+    if [ -f "$out/bin/.built" ]; then echo "[parts] $p: cached in $out/bin"; continue; fi
+    echo "[parts] $p: building from its Go module (once per version; log $out/build.log)"
+    mkdir -p "$out"; rm -rf "$out/bin.tmp"
+    local t0=$SECONDS
+    if ! ( "build_$p" ) >"$out/build.log" 2>&1; then
+      echo "[parts] $p: build failed; the last lines of $out/build.log:" >&2
+      tail -n 15 "$out/build.log" >&2; return 1
+    fi
+    rm -rf "$out/bin"; mv "$out/bin.tmp" "$out/bin"; date -u +%FT%TZ > "$out/bin/.built"
+    echo "[parts] $p: built in $((SECONDS - t0)) s -> $out/bin"
+  done
+}
+
+cmd=${1:-build}; shift || true
+case $cmd in
+  build) [ $# -gt 0 ] || set -- "${PARTS[@]}"; build "$@" ;;
+  path) echo "$(part_dir "$1")/bin" ;;
+  check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/parts.sh build $p)"; exit 1; }; done ;;
+  *) echo "usage: $0 build [PART...] | path PART | check" >&2; exit 2 ;;
+esac

@@ -21,11 +21,9 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +48,7 @@ from demo.local_cluster import (
     start_ray_head,
 )
 from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
+from demo.run_dirs import RESULT_FILE, new_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHART = ROOT / "charts" / "gemma3-ray"
@@ -58,9 +57,6 @@ DEFAULT_OUTPUT = ROOT / "demo-output"
 # A Ray head (~1 GiB) and two CPU training workers with the tiny model (~1.5 GiB each), plus headroom.
 DEFAULT_MIN_FREE_GIB = 5.0
 DEFAULT_ROWS = 240
-# Each run keeps its checkpoints (~1 GiB): older runs beyond this many are removed.
-KEEP_RUNS = 3
-RESULT_FILE = "demo-result.json"
 QUIET_RAY_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging")
 USER_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
 # Flags the demo itself sets on the chart; --set cannot override them.
@@ -121,19 +117,7 @@ def _user_cluster() -> str | None:
 
 
 def _new_run_dir(output_dir: Path) -> Path:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    runs = sorted(p for p in output_dir.glob("run-*") if p.is_dir())
-    for old in runs[: max(0, len(runs) - (KEEP_RUNS - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
-        say(f"removed an older run (keeping the newest {KEEP_RUNS}): {old}")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    run_dir = (output_dir / f"run-{stamp}-{os.getpid()}").resolve()
-    run_dir.mkdir()
-    latest = output_dir / "latest"
-    if latest.is_symlink() or not latest.exists():
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(run_dir.name)
-    return run_dir
+    return new_run_dir(output_dir, say)
 
 
 def _user_client():

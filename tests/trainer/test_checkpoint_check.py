@@ -45,12 +45,13 @@ def write_checkpoint(directory: Path, step: int) -> Path:
 
 
 def register(checkpoints: Path, names: list[str]) -> None:
-    """Ray Train's snapshot of the checkpoints it registered (the fields quarantine rewrites)."""
-    results = [{"checkpoint_dir_name": n, "metrics": {}} for n in names]
+    """Ray Train's snapshot of the checkpoints it registered, every field Ray 2.60 writes."""
+    results = [{"version": 0, "checkpoint_dir_name": n, "metrics": {"step": i}} for i, n in enumerate(names)]
     (checkpoints / runs.RAY_CHECKPOINT_SNAPSHOT).write_text(json.dumps({
-        "checkpoint_results": results, "checkpoint_report_indices": list(range(len(names))),
+        "ray_version": "2.60.0", "checkpoint_results": results, "checkpoint_report_indices": list(range(len(names))),
         "latest_checkpoint_result": results[-1], "pending_training_results": [], "pending_validation_specs": [],
-        "current_report_index": len(names), "validated_checkpoint_dir_names": []}))
+        "current_report_index": len(names), "validated_checkpoint_dir_names": [],
+        "timed_out_validation_checkpoint_dir_names": [], "failed_validation_checkpoint_dir_names": []}))
 
 
 def cut_short(path: Path) -> None:
@@ -120,6 +121,56 @@ def test_a_bit_flip_that_torch_still_loads_is_detected(run) -> None:
     assert checkpoint_problem(str(dirs[4]), None) == problem and load_problem(dirs[4]) == problem
     assert plan(root).resume_checkpoint is None and plan(root).log_line.startswith(
         f"resuming r1 from step 2 (restart of this run: its newest intact checkpoint {dirs[2]}; {dirs[4]} ({problem})")
+
+
+def edit_manifest(directory: Path, change) -> None:
+    """The checkpoint's manifest rewritten by `change(manifest)`: still JSON, its entries wrong."""
+    path = directory / checkpoint_manifest.MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def outside(manifest: dict, name: str, directory: Path) -> None:
+    """An entry naming a file outside the checkpoint (a real file, with its true size and hashes)."""
+    target = directory.parent / "outside.pt"
+    target.write_bytes(b"not part of any checkpoint")
+    manifest["files"][name.format(target=target)] = checkpoint_manifest.entries(directory.parent)["outside.pt"]
+
+
+WRONG_ENTRIES = {
+    "no size": (lambda m, d: m["files"]["optimizer.pt"].pop("size"), "files['optimizer.pt']: no 'size'"),
+    "size as text": (lambda m, d: m["files"]["optimizer.pt"].update(size=str(m["files"]["optimizer.pt"]["size"])),
+                     "files['optimizer.pt'].size: "),
+    "negative size": (lambda m, d: m["files"]["optimizer.pt"].update(size=-1), "files['optimizer.pt'].size: -1 is "),
+    "sha256 a number": (lambda m, d: m["files"]["scheduler.pt"].update(sha256=7), "files['scheduler.pt'].sha256: 7"),
+    "sha256 cut": (lambda m, d: m["files"]["scheduler.pt"].update(sha256=m["files"]["scheduler.pt"]["sha256"][:9]),
+                   "files['scheduler.pt'].sha256: "),
+    "no md5": (lambda m, d: m["files"][runs.TRAINER_STATE_FILE].pop("md5"), "no 'md5'"),
+    "entry a list": (lambda m, d: m["files"].update({"optimizer.pt": [1, 2]}), "files['optimizer.pt']: not a JSON"),
+    "files a list": (lambda m, d: m.update(files=list(m["files"])), "files: not a JSON object"),
+    "other format": (lambda m, d: m.update(format=99), "format: 99 is not"),
+    "no trainer state": (lambda m, d: m["files"].pop(runs.TRAINER_STATE_FILE), runs.TRAINER_STATE_FILE),
+    "parent path": (lambda m, d: outside(m, "../outside.pt", d), "files key: \"../outside.pt\" is not"),
+    "absolute path": (lambda m, d: outside(m, "{target}", d), "files key: \"/"),
+    "sub path": (lambda m, d: outside(m, "sub/../../outside.pt", d), "files key: \"sub/../../outside.pt\" is not"),
+    "only other keys": (lambda m, d: (m.clear(), m.update(x=1)), "no 'format'"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_ENTRIES)
+def test_a_manifest_whose_entries_are_wrong_marks_the_checkpoint_broken(run, case: str) -> None:
+    """#27.10: a manifest that parses but lies (a key missing, a wrong type, a path outside the checkpoint)
+    crashed the driver with a KeyError on every retry, or verified a file that is not the checkpoint's."""
+    root, dirs = run
+    change, problem = WRONG_ENTRIES[case]
+    edit_manifest(dirs[4], lambda m: change(m, dirs[4]))
+    found = checkpoint_problem(str(dirs[4]), None) or ""
+    assert found.startswith("manifest.json: ") and problem in found, found
+    assert load_problem(dirs[4]) == found  # the workers' check, on what they download
+    line = plan(root).log_line
+    assert line.startswith(f"resuming r1 from step 2 (restart of this run: its newest intact checkpoint {dirs[2]}; "
+                           f"{dirs[4]} ({found}) does not load"), line
 
 
 def test_a_checkpoint_without_its_manifest_is_not_intact(run) -> None:

@@ -6,7 +6,6 @@ first line. No Ray: the driver's plan, on a run with a registered checkpoint."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -21,7 +20,7 @@ from storage import Storage, storage_for
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
-from tests.trainer.test_checkpoint_check import write_checkpoint
+from tests.trainer.test_checkpoint_check import register, write_checkpoint
 
 CPU = ["--use_gpu=false", "--quantization=none"]
 FIRST = ["--global_batch_size=8", "--learning_rate=5e-3", "--max_steps=4"]
@@ -43,9 +42,7 @@ def crashed(tmp_path: Path) -> tuple[Path, Path]:
     run_definition.write(first.storage, first.definition)
     checkpoints = root / runs.RUNS_DIR / "r" / runs.CHECKPOINTS_DIR
     write_checkpoint(checkpoints / "checkpoint-000004", 4)
-    result = {"checkpoint_dir_name": "checkpoint-000004"}
-    (checkpoints / runs.RAY_CHECKPOINT_SNAPSHOT).write_text(json.dumps({"checkpoint_results": [result],
-                                                                        "latest_checkpoint_result": result}))
+    register(checkpoints, ["checkpoint-000004"])
     return root, data
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import stored
 from flags import RESTART_FREE, TrainArguments
 from storage import filesystem
 
@@ -100,16 +101,20 @@ def changes_text(found: list[str]) -> str:
                                               else "")
 
 
+SHAPE = stored.fields({
+    "format": stored.where(lambda v: v == FORMAT, f"format {FORMAT} (this trainer's)", stored.is_a(int, "an integer")),
+    "flags": stored.mapping(stored.TEXT, stored.ANY),
+    "data": stored.fields({"dataset": stored.TEXT, "files": stored.mapping(stored.TEXT, stored.TEXT),
+                           "identity": stored.TEXT}),
+}, {"continued_from": stored.fields({"checkpoint": stored.TEXT, "step": stored.COUNT,
+                                     "changes": stored.each(stored.TEXT)})})
+
+
 def read(run) -> dict[str, Any] | None:
-    """The definition a run recorded at its start (None: none, or unreadable)."""
+    """The definition a run recorded at its start (None: none recorded); stored.Unusable when it is torn or not
+    what the trainer writes."""
     raw = run.read_bytes(DEFINITION_FILE)
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    return stored.parse(raw, DEFINITION_FILE, SHAPE) if raw is not None else None
 
 
 def write(run, value: dict[str, Any]) -> None:

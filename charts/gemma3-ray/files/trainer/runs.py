@@ -15,6 +15,7 @@ from typing import Any
 
 import checkpoint_manifest
 import run_definition
+import stored
 from flags import TrainArguments, UsageError, is_checkpoint_path
 from storage import Storage, filesystem, storage_at
 
@@ -31,7 +32,7 @@ SUMMARY_FILE = "summary.json"
 USAGE_ERROR_FILE = "usage_error.txt"
 # Ray Train's record of the checkpoints it registered (in CHECKPOINTS_DIR; restored on a restart).
 RAY_CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
-TRAINER_STATE_FILE = "trainer_state.json"
+TRAINER_STATE_FILE = checkpoint_manifest.TRAINER_STATE_FILE
 # checkpoint-<step>, or checkpoint-<step>-<n> when a retrained step's name was taken (never written into)
 CHECKPOINT_NAME_PATTERN = re.compile(r"checkpoint-(\d+)(?:-(\d+))?")
 BROKEN_DIR = "broken_checkpoints"  # where the driver moves a run's checkpoints that are not intact
@@ -143,21 +144,31 @@ class RunPlan:
     broken: list[dict[str, str]] = field(default_factory=list)  # the run's own broken checkpoints, to quarantine
 
 
+SUMMARY = stored.fields({"completed": stored.FLAG, "global_step": stored.COUNT})  # what plan_run reads of it
+
+
 def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
     """Name the run, and decide: fresh, resume within the run, continue another run, or already finished.
     A restart whose definition (data, flags other than RESTART_FREE) differs from the one the run recorded
-    at its start is refused, naming what changed and the two ways on."""
+    at its start is refused, naming what changed and the two ways on. A file of the run that is torn or not
+    what the trainer wrote is passed over and said in the first line (`notes`)."""
     named = args.run_name is not None
     name = args.run_name or new_run_name(root)
     run = root.child(f"{RUNS_DIR}/{name}")
-    raw = run.read_bytes(SUMMARY_FILE)
-    summary = json.loads(raw) if raw else None
-    if summary and summary.get("completed"):
-        line = f"run {name} already finished at step {summary.get('global_step')}; nothing to train"
+    notes: list[str] = []
+    summary, problem = stored.read(run, SUMMARY_FILE, SUMMARY)
+    if problem:
+        notes.append(f"its {SUMMARY_FILE} is unusable ({problem}): not taken as finished")
+    if summary and summary["completed"]:
+        line = f"run {name} already finished at step {summary['global_step']}; nothing to train"
         return RunPlan(name, run, None, line, summary)
     new = run_definition.definition(args, storage_at(args.dataset_name).emulator_host)
-    old = run_definition.read(run)
+    old, problem = stored.read(run, run_definition.DEFINITION_FILE, run_definition.SHAPE)
+    if problem:
+        notes.append(f"its {run_definition.DEFINITION_FILE} is unusable ({problem}): recorded again from this job's "
+                     "settings")
     changed = run_definition.changes(old, new) if old is not None else []
+    said = "".join(f"; {n}" for n in notes)
     own = registered_checkpoints(run)
     if own:
         if changed:
@@ -168,7 +179,7 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
         step, uri, broken, broken_uris = newest_intact(own, run.emulator_host, f"run {name}")
         newest = "newest intact" if broken else "newest"
         return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its {newest} "
-                                        f"checkpoint {uri}{broken})", None, old or new,  # a run of before #21: new
+                                        f"checkpoint {uri}{broken}{said})", None, old or new,  # before #21: new
                        broken_uris)
     if args.resume_from:
         if is_checkpoint_path(args.resume_from):
@@ -186,17 +197,18 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
                 raise UsageError(f"resume_from={args.resume_from}: no checkpoint of that run under "
                                  f"{root.uri(RUNS_DIR, args.resume_from)}; runs there: {root.list_dir(RUNS_DIR)}")
             step, uri, broken, _ = newest_intact(other, root.emulator_host, f"run {args.resume_from}")
-        origin = run_definition.read(storage_at(uri.rsplit("/", 2)[0]))  # <run>/checkpoints/<checkpoint>
+        origin, problem = stored.read(storage_at(uri.rsplit("/", 2)[0]), run_definition.DEFINITION_FILE,
+                                      run_definition.SHAPE)  # <run>/checkpoints/<checkpoint>
         differ = run_definition.changes(origin, new) if origin is not None else []
         new["continued_from"] = {"checkpoint": uri, "step": step, "changes": differ}
         settings = (f"; with new settings: {run_definition.changes_text(differ)}" if differ
+                    else f"; its run's definition is unusable ({problem})" if problem
                     else "; its run recorded no definition" if origin is None else "")
         return RunPlan(name, run, uri, f"resuming {name} from step {step} (--resume_from={args.resume_from}: "
-                                       f"checkpoint {uri}{broken}{settings})", None, new)
-    why = "" if named else " (no --run_name given: named from the UTC time)"
+                                       f"checkpoint {uri}{broken}{settings}{said})", None, new)
+    why = [] if named else ["no --run_name given: named from the UTC time"]
     if changed:  # an earlier attempt of this run that left no checkpoint: nothing of it is kept
-        why = f" (its earlier attempt left no checkpoint; started again with new settings: " \
-              f"{run_definition.changes_text(changed)})"
-    return RunPlan(name, run, None, f"fresh run {name}{why}", None, new)
-
-
+        why = [f"its earlier attempt left no checkpoint; started again with new settings: "
+               f"{run_definition.changes_text(changed)}"]
+    why += notes
+    return RunPlan(name, run, None, f"fresh run {name}" + (f" ({'; '.join(why)})" if why else ""), None, new)

@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import stored
+
 # An exact submission time (Unix seconds) from whoever submits the job, when Ray has no record of
 # it (a script run directly, e.g. bench/e2e_ray.sh). Ray's Jobs API record wins when there is one.
 SUBMITTED_AT_ENV = "GEMMA3_RAY_SUBMITTED_AT"
@@ -50,6 +52,21 @@ WORKER_DETAIL = (
     ("workers_imports_s", "of which: trainer imports (torch, TRL, ...)", "loop_start", "workers_start"),
 )
 
+
+
+def _split_problem(value: Any, at: str) -> str | None:
+    """Why a summary's `startup` is not a split block() can print (each row's seconds a number or null)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return f"{at}: not a JSON object"
+    keys = [k for k, _ in ROWS] + [k for k, *_ in WORKER_DETAIL] + ["total_s"]
+    bad = [k for k in keys if value.get(k) is not None and (isinstance(value[k], bool)
+                                                           or not isinstance(value[k], int | float))]
+    return f"{at}.{bad[0]}: {json.dumps(value[bad[0]])[:40]} is not seconds" if bad else None
+
+
+SUMMARY = stored.fields({}, {"startup": _split_problem})  # what main() reads of a summary.json
 
 _IMPORTED_AT = time.time()
 
@@ -166,8 +183,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: startup_timing.py SUMMARY_JSON", file=sys.stderr)
         return 2
-    with open(argv[0]) as fh:
-        split_ = json.load(fh).get("startup")
+    try:
+        with open(argv[0], "rb") as fh:
+            split_ = stored.parse(fh.read(), "summary.json", SUMMARY).get("startup")
+    except (OSError, stored.Unusable) as e:
+        print(f"{argv[0]}: {e}", file=sys.stderr)
+        return 2
     if not split_:
         print(f"{argv[0]}: no startup split (a run from before startup_timing, or no optimizer step)", file=sys.stderr)
         return 1

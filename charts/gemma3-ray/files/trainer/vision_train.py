@@ -39,10 +39,11 @@ from typing import Any
 import run_definition
 import run_report
 import startup_timing
+import stored
 from data import check_dataset_before_download
 from elastic import describe, ray_num_workers, run_shapes
 from flags import UsageError, extra_pip, parse_args
-from runs import CHECKPOINTS_DIR, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, quarantine
+from runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, quarantine
 from storage import storage_for
 from torch_backend import TorchBackendConfig
 from worker_runtime_env import worker_runtime_env
@@ -156,8 +157,11 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
     if problem:
         print(f"error: {problem.decode()}", file=sys.stderr)
         raise SystemExit(2)
-    raw = storage.read_bytes(SUMMARY_FILE)
-    summary = json.loads(raw) if raw else {}
+    summary, problem = stored.read(storage, SUMMARY_FILE, SUMMARY)
+    if summary is None:  # the workers ended without writing it: never reported as a success
+        print(f"error: run {plan.name} ended without a usable {SUMMARY_FILE} ({problem or 'none was written'})",
+              file=sys.stderr)
+        raise SystemExit(1)
     if result.checkpoint is not None:
         newest = result.checkpoint.path
         if storage.root.startswith("gs://"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import report_hook
 import startup_timing
+import stored
 from data import count_by_reason, skipped_line, some_row_ids
 from elastic import BatchShape, describe, split_batch
 from epochs import check_rows, epoch_line
@@ -31,6 +32,8 @@ from storage import Storage, fetch_model
 CUDA_ALLOC_CONF = "expandable_segments:True"
 SKIPPED_IN_TRAINING_LOG = "skipped_in_training.jsonl"  # one JSON line per row the collator skipped
 BATCH_SHAPES_FILE = "batch_shapes.json"  # the run's batch shape per segment (elastic: per worker-group start)
+SEGMENTS = stored.each(stored.fields({k: stored.COUNT for k in ("from_step", "workers", "global_batch", "micro_batch",
+                                                                "accumulation")}))
 
 
 @dataclass
@@ -149,8 +152,10 @@ def train(config: dict[str, Any]) -> None:
 def record_segment(storage: Storage, start: int, world_size: int, batch: BatchShape) -> list[dict[str, int]]:
     """The run's batch shape per segment (from each worker-group start's step), this one appended; the
     segments a restart recomputes (those from this start's step on) are dropped. Rank 0."""
-    raw = storage.read_bytes(BATCH_SHAPES_FILE)
-    segments = [s for s in (json.loads(raw) if raw else []) if s["from_step"] < start]
+    earlier, problem = stored.read(storage, BATCH_SHAPES_FILE, SEGMENTS)
+    if problem:
+        print(f"[batch] {BATCH_SHAPES_FILE} is unusable ({problem}): started again from this segment", flush=True)
+    segments = [s for s in earlier or [] if s["from_step"] < start]
     segments.append({"from_step": start, "workers": world_size, "global_batch": batch.global_batch,
                      "micro_batch": batch.micro_batch, "accumulation": batch.accumulation})
     storage.write_bytes(BATCH_SHAPES_FILE, json.dumps(segments).encode())

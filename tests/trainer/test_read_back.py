@@ -1,0 +1,102 @@
+"""Every file the trainer reads back is checked as a whole before use (#27.10): a summary.json, run definition,
+batch_shapes.json or Ray snapshot that is torn, or parses but is not what the trainer wrote, is said in one
+sentence and passed over (the run restarts without hand repair), never a KeyError or JSON traceback on every
+retry. No Ray: the driver's plan and the workers' read-back functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import run_definition
+import runs
+import startup_timing
+from flags import parse_args
+from runs import plan_run
+from storage import Storage, storage_for
+
+from demo.sample_data import build_sample_dataset
+from tests.trainer.test_checkpoint_check import register, write_checkpoint
+
+CPU = ["--use_gpu=false", "--quantization=none", "--global_batch_size=8", "--max_steps=4"]
+TORN = {"cut short": lambda raw: raw[: len(raw) // 2], "a list": lambda raw: b"[1, 2]",
+        "not UTF-8": lambda raw: b"\xff\xfe" + raw}
+
+
+def plan(root: Path, data: Path, *extra: str):
+    args = parse_args([*CPU, f"--storage_path={root}", f"--dataset_name={data}", "--run_name=r", *extra])
+    return plan_run(args, storage_for(args))
+
+
+@pytest.fixture
+def crashed(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Run r (its definition recorded) with a step-4 checkpoint Ray Train registered: (root, data, run dir)."""
+    data = build_sample_dataset(tmp_path / "data", n_rows=12, seed=0)
+    root = tmp_path / "storage"
+    first = plan(root, data)
+    run_definition.write(first.storage, first.definition)
+    checkpoints = root / runs.RUNS_DIR / "r" / runs.CHECKPOINTS_DIR
+    write_checkpoint(checkpoints / "checkpoint-000004", 4)
+    register(checkpoints, ["checkpoint-000004"])
+    return root, data, root / runs.RUNS_DIR / "r"
+
+
+def finish(run: Path, summary: dict) -> None:
+    (run / runs.SUMMARY_FILE).write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize("damage", TORN)
+def test_a_torn_summary_is_not_taken_as_finished_and_the_run_resumes(crashed, damage: str) -> None:
+    root, data, run = crashed
+    finish(run, {"run_name": "r", "completed": True, "global_step": 4})
+    (run / runs.SUMMARY_FILE).write_bytes(TORN[damage]((run / runs.SUMMARY_FILE).read_bytes()))
+    again = plan(root, data)
+    assert again.finished is None
+    assert again.log_line.startswith("resuming r from step 4 (restart of this run: its newest checkpoint "), again.log_line
+    assert "; its summary.json is unusable (summary.json: " in again.log_line
+    assert again.log_line.endswith("): not taken as finished)")
+
+
+@pytest.mark.parametrize("summary", [{"completed": "yes", "global_step": 4}, {"completed": True, "global_step": "4"},
+                                     {"completed": True}])
+def test_a_summary_with_wrong_entries_is_not_taken_as_finished(crashed, summary: dict) -> None:
+    root, data, run = crashed
+    finish(run, summary)
+    again = plan(root, data)
+    assert again.finished is None and "its summary.json is unusable (summary.json: " in again.log_line
+
+
+@pytest.mark.parametrize("definition", [b'{"format": 1, "flags": [], "data": {}}', b'{"format": 1, "fla',
+                                        b'{"format": 1, "flags": {}, "data": {"identity": 7, "files": {}}}', b"[]"])
+def test_an_unusable_run_definition_is_said_and_recorded_again(crashed, definition: bytes) -> None:
+    """Before: `'list' object has no attribute 'get'` on every restart, or a silent 'no definition'."""
+    root, data, run = crashed
+    (run / run_definition.DEFINITION_FILE).write_bytes(definition)
+    again = plan(root, data)
+    assert again.log_line.startswith("resuming r from step 4 (restart of this run: its newest checkpoint "), again.log_line
+    assert f"; its {run_definition.DEFINITION_FILE} is unusable ({run_definition.DEFINITION_FILE}: " in again.log_line
+    assert again.log_line.endswith("): recorded again from this job's settings)")
+    assert again.definition == run_definition.definition(parse_args([*CPU, f"--storage_path={root}",
+                                                                      f"--dataset_name={data}", "--run_name=r"]))
+
+
+@pytest.mark.parametrize("damage", TORN)
+def test_a_torn_batch_shapes_file_is_started_again(tmp_path: Path, damage: str, capsys) -> None:
+    from elastic import BatchShape
+    from worker import BATCH_SHAPES_FILE, record_segment
+
+    storage = Storage(str(tmp_path))
+    shape = BatchShape(8, 2, 2)
+    record_segment(storage, 0, 2, shape)
+    (tmp_path / BATCH_SHAPES_FILE).write_bytes(TORN[damage]((tmp_path / BATCH_SHAPES_FILE).read_bytes()))
+    assert record_segment(storage, 2, 2, shape) == [{"from_step": 2, "workers": 2, "global_batch": 8,
+                                                     "micro_batch": 2, "accumulation": 2}]
+    assert f"[batch] {BATCH_SHAPES_FILE} is unusable ({BATCH_SHAPES_FILE}: " in capsys.readouterr().out
+
+
+def test_the_startup_split_of_a_torn_summary_is_one_sentence(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "summary.json"
+    path.write_text('{"startup": {"driver_')
+    assert startup_timing.main([str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"{path}: summary.json: not valid JSON")

@@ -6,6 +6,7 @@ first line. No Ray: the driver's plan, on a run with a registered checkpoint."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -134,3 +135,43 @@ def test_the_job_flags_win_over_the_checkpoint_state() -> None:
     schedule.step()
     assert optimizer.param_groups[0]["lr"] == 1e-3
     assert (state.logging_steps, state.save_steps) == (1, 3)
+
+
+def finish(root: Path) -> None:
+    """Run r completed at step 4 (its summary.json, as the workers write it at the end)."""
+    (root / runs.RUNS_DIR / "r" / runs.SUMMARY_FILE).write_text(json.dumps({"run_name": "r", "completed": True,
+                                                                           "global_step": 4}))
+
+
+@pytest.mark.parametrize("change", [["--learning_rate=1e-3"], ["--max_steps=8"], ["data"]])
+def test_a_finished_run_restarted_with_another_definition_is_refused_too(crashed, change: list[str]) -> None:
+    """#27.11: it printed `run r already finished at step 4; nothing to train` and exited 0, so a pipeline that
+    reused the run name after changing the data or flags saw success."""
+    root, data = crashed
+    finish(root)
+    if change == ["data"]:
+        build_sample_dataset(data.parent, n_rows=30, seed=1)
+        change = []
+    with pytest.raises(UsageError, match=r"^run r was started with other settings \((learning_rate 0\.005 → 0\.001|"
+                                         r"max_steps 4 → 8|data data:\w+ → data:\w+ \(products\.parquet changed\))\): "
+                                         r"start a new run with --run_name=<new name>, or continue this run's "
+                                         r"checkpoint with the new settings with --run_name=<new name> "
+                                         r"--resume_from=r$"):
+        plan(root, data, *change)
+
+
+def test_a_finished_run_restarted_with_its_definition_stays_a_success_without_training(crashed) -> None:
+    root, data = crashed
+    finish(root)
+    for again in (plan(root, data), plan(root, data, "--num_workers=2", "--logging_steps=1", "--sample_rows=0")):
+        assert again.finished is not None and again.log_line == "run r already finished at step 4; nothing to train"
+
+
+def test_a_finished_run_without_checkpoints_names_only_a_new_run(tmp_path: Path) -> None:
+    data = build_sample_dataset(tmp_path / "data", n_rows=12, seed=0)
+    first = plan(tmp_path / "storage", data, "--save_strategy=no")
+    run_definition.write(first.storage, first.definition)
+    finish(tmp_path / "storage")
+    with pytest.raises(UsageError, match=r"^run r was started with other settings \(learning_rate 0\.005 → 0\.001\): "
+                                         r"start a new run with --run_name=<new name>$"):
+        plan(tmp_path / "storage", data, "--save_strategy=no", "--learning_rate=1e-3")

@@ -1,5 +1,6 @@
 """Run identity (issue #10): each run lives in <storage_path>/runs/<run_name>; a new name starts fresh on
-the same storage, a restart of the same run resumes it, a finished run is never trained again, and
+the same storage, a restart of the same run resumes it, a finished run is never trained again (nor restarted
+with another definition: refused), and
 --resume_from continues another run explicitly. The driver's first line says which.
 
 The runs share one storage root and build on each other, in file order, on the session's local Ray
@@ -69,13 +70,19 @@ def test_a_run_without_a_name_is_named_from_the_utc_time(ray_cluster, tiny_model
 
 
 def test_b_a_finished_run_is_not_trained_again(ray_cluster, tiny_model, data, cache_dir, release, capsys) -> None:
-    """The same run again with a larger max_steps (the issue's 30 -> 34 case) trains nothing."""
+    """The same run again trains nothing (exit 0). With a larger max_steps (the issue's 30 -> 34 case) it is
+    refused like an unfinished run, naming the change (#27.11: it printed `nothing to train` and exited 0)."""
     name = release["first"]
     run_dir = release["root"] / "runs" / name
     before = (run_dir / "metrics.jsonl").read_text()
-    summary = vision_train.main(flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, name))
+    summary = vision_train.main(flags(tiny_model, data, cache_dir, release["root"], FIRST_STEPS, name))
     assert first_line(capsys) == f"run {name} already finished at step {FIRST_STEPS}; nothing to train"
     assert summary["global_step"] == FIRST_STEPS
+    with pytest.raises(SystemExit) as stop:
+        vision_train.main(flags(tiny_model, data, cache_dir, release["root"], LONGER_STEPS, name))
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: run {name} was started with other settings (max_steps "
+                                              f"{FIRST_STEPS} → {LONGER_STEPS}): start a new run with --run_name=")
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 

@@ -159,9 +159,6 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
     summary, problem = stored.read(run, SUMMARY_FILE, SUMMARY)
     if problem:
         notes.append(f"its {SUMMARY_FILE} is unusable ({problem}): not taken as finished")
-    if summary and summary["completed"]:
-        line = f"run {name} already finished at step {summary['global_step']}; nothing to train"
-        return RunPlan(name, run, None, line, summary)
     new = run_definition.definition(args, storage_at(args.dataset_name).emulator_host)
     old, problem = stored.read(run, run_definition.DEFINITION_FILE, run_definition.SHAPE)
     if problem:
@@ -170,12 +167,16 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
     changed = run_definition.changes(old, new) if old is not None else []
     said = "".join(f"; {n}" for n in notes)
     own = registered_checkpoints(run)
+    finished = bool(summary and summary["completed"])
+    if changed and (own or finished):  # a finished run too: its name never means other data or flags
+        also = (f", or continue this run's checkpoint with the new settings with --run_name=<new name> "
+                f"--resume_from={name}") if own else ""
+        raise UsageError(f"run {name} was started with other settings ({run_definition.changes_text(changed)}): "
+                         f"start a new run with --run_name=<new name>{also}")
+    if finished:
+        line = f"run {name} already finished at step {summary['global_step']}; nothing to train"
+        return RunPlan(name, run, None, line, summary)
     if own:
-        if changed:
-            raise UsageError(
-                f"run {name} was started with other settings ({run_definition.changes_text(changed)}): start a new "
-                f"run with --run_name=<new name>, or continue this run's checkpoint with the new settings with "
-                f"--run_name=<new name> --resume_from={name}")
         step, uri, broken, broken_uris = newest_intact(own, run.emulator_host, f"run {name}")
         newest = "newest intact" if broken else "newest"
         return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its {newest} "

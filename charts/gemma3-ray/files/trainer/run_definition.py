@@ -19,6 +19,11 @@ from flags import RESTART_FREE, TrainArguments
 from storage import filesystem
 
 DEFINITION_FILE = "run_definition.json"
+# The flags that make the adapter's shape (which weights exist, their sizes, the base they apply to): a checkpoint
+# continues (--resume_from) only with these unchanged; every other flag may change in a continuation.
+ADAPTER_SHAPE = ("model_id", "quantization", "lora_r", "lora_target", "train_embeddings")
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's, in every checkpoint: its rank and saved modules
+ADAPTER_CONFIG = stored.fields({"r": stored.COUNT}, {"modules_to_save": stored.ANY})
 FORMAT = 1
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 HASH_CHUNK = 1 << 20
@@ -79,15 +84,19 @@ def _shown(value: Any) -> str:
     return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 1] + "…\""
 
 
-def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two definitions, as `name old → new` (the data by file)."""
+def changes(old: dict[str, Any], new: dict[str, Any], only: tuple[str, ...] | None = None) -> list[str]:
+    """What differs between two definitions, as `name old → new` (the data by file); `only`: these flags only."""
     out = []
     old_flags, new_flags = old.get("flags", {}), new.get("flags", {})
     for name in sorted(set(old_flags) | set(new_flags)):
         if name in RESTART_FREE:
             continue  # a flag that was recorded by an older trainer and is free now
+        if only is not None and name not in only:
+            continue
         if old_flags.get(name) != new_flags.get(name):
             out.append(f"{name} {_shown(old_flags.get(name))} → {_shown(new_flags.get(name))}")
+    if only is not None:
+        return out
     old_files, new_files = old.get("data", {}).get("files", {}), new.get("data", {}).get("files", {})
     if old.get("data", {}).get("identity") != new.get("data", {}).get("identity"):
         differing = [f for f in sorted(set(old_files) | set(new_files)) if old_files.get(f) != new_files.get(f)]

@@ -131,6 +131,17 @@ def newest_intact(checkpoints: list[tuple[int, str]], emulator_host: str | None,
                      "--resume_from=<checkpoint path> in a new run")
 
 
+def adapter_changes(uri: str, new: dict[str, Any]) -> list[str]:
+    """The adapter-shape changes a checkpoint's own adapter_config.json shows (its rank, trained embeddings), for a
+    checkpoint whose run recorded no definition."""
+    config, _ = stored.read(storage_at(uri), run_definition.ADAPTER_CONFIG_FILE, run_definition.ADAPTER_CONFIG)
+    if config is None:
+        return []
+    saved = {"lora_r": config["r"], "train_embeddings": bool(config.get("modules_to_save"))}
+    return run_definition.changes({"flags": saved}, {"flags": {k: new["flags"][k] for k in saved}},
+                                  only=run_definition.ADAPTER_SHAPE)
+
+
 @dataclass
 class RunPlan:
     """What the driver decided about this run before any worker starts."""
@@ -200,6 +211,13 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
             step, uri, broken, _ = newest_intact(other, root.emulator_host, f"run {args.resume_from}")
         origin, problem = stored.read(storage_at(uri.rsplit("/", 2)[0]), run_definition.DEFINITION_FILE,
                                       run_definition.SHAPE)  # <run>/checkpoints/<checkpoint>
+        shape = (run_definition.changes(origin, new, only=run_definition.ADAPTER_SHAPE) if origin is not None
+                 else adapter_changes(uri, new))
+        if shape:
+            raise UsageError(f"resume_from={args.resume_from}: its checkpoint {uri} was trained with another adapter "
+                             f"shape ({'; '.join(shape)}); a checkpoint continues only with the adapter shape it was "
+                             f"trained with ({', '.join(run_definition.ADAPTER_SHAPE)}): keep those flags, or drop "
+                             "--resume_from to train a new adapter")
         differ = run_definition.changes(origin, new) if origin is not None else []
         new["continued_from"] = {"checkpoint": uri, "step": step, "changes": differ}
         settings = (f"; with new settings: {run_definition.changes_text(differ)}" if differ

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import fast_lora
@@ -55,11 +54,33 @@ def test_keep_mask_rate_and_independence() -> None:
     other = fast_lora.keep_mask(seed=8, m=300, k=1000, p=p)
     agree_dropped = (~mask & ~other).float().mean().item()
     assert abs(agree_dropped - p * p) < 5 * (p * p / n) ** 0.5 + 1e-4
-    # every column position (all 8 sub-blocks and both 16-bit halves) drops at the rate p
-    per_col = 1.0 - mask.float().mean(dim=0)
-    per_sub = per_col[:896].reshape(7, 8, 16).mean(dim=(0, 2))
-    assert torch.all((per_sub - p).abs() < 6 * (p * (1 - p) / (300 * 7 * 16)) ** 0.5)
+    # every bit of a byte (both 16-bit halves of all four Philox words) drops at the rate p
+    per_bit = 1.0 - mask.float().reshape(300, 125, 8).mean(dim=(0, 1))
+    assert torch.all((per_bit - p).abs() < 6 * (p * (1 - p) / (300 * 125)) ** 0.5)
     assert fast_lora.dropout_fraction_error(p) < 1e-5
+
+
+def test_keep_bits_layout_is_the_documented_one() -> None:
+    # element (r, 8c + j): Philox at counter r * ceil(k/8) + c, word j // 2, 16-bit half j % 2, kept if >= threshold
+    seed, m, k, p = 99, 5, 21, 0.3
+    mask = fast_lora.keep_mask(seed, m, k, p)
+    kb8 = 3
+    for r, col in ((0, 0), (1, 9), (4, 20), (3, 15), (2, 7)):
+        c, j = divmod(col, 8)
+        words = fast_lora.philox4x32(torch.tensor([r * kb8 + c], dtype=torch.int64), seed)
+        half = (int(words[j // 2][0]) >> (16 * (j % 2))) & 0xFFFF
+        assert bool(mask[r, col]) == (half >= fast_lora.threshold(p))
+
+
+def _members(k: int, ns: tuple[int, ...], with_bias: bool, dtype=torch.float64):
+    out = []
+    for n in ns:
+        w = torch.randn(n, k, dtype=dtype)
+        b = torch.randn(n, dtype=dtype) if with_bias else None
+        a = torch.randn(16, k, dtype=dtype, requires_grad=True)
+        bm = torch.randn(n, 16, dtype=dtype, requires_grad=True)
+        out.append((w, b, a, bm, None))
+    return out
 
 
 def _reference(x, w, b, a, bm, s, keep, p_eff):
@@ -70,41 +91,45 @@ def _reference(x, w, b, a, bm, s, keep, p_eff):
 
 @pytest.mark.parametrize("p", [0.0, 0.1])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_fused_function_matches_the_explicit_formula(p: float, with_bias: bool) -> None:
+@pytest.mark.parametrize("ns", [(45,), (45, 20, 20)])
+def test_fused_group_matches_the_explicit_formula(p: float, with_bias: bool, ns: tuple[int, ...]) -> None:
     torch.manual_seed(0)
-    m, k, n, r, s = 37, 200, 45, 16, 0.5
+    m, k, s = 37, 200, 0.5
     x = torch.randn(3, m, k, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(n, k, dtype=torch.float64)
-    b = torch.randn(n, dtype=torch.float64) if with_bias else None
-    a = torch.randn(r, k, dtype=torch.float64, requires_grad=True)
-    bm = torch.randn(n, r, dtype=torch.float64, requires_grad=True)
+    members = _members(k, ns, with_bias)
     torch.manual_seed(123)
-    y = fast_lora.fused_lora_linear(x, w, b, a, bm, s, p, training=True)
+    ys = fast_lora.fused_lora_group(x, members, s, p, training=True)
     torch.manual_seed(123)
-    seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
-    keep = fast_lora.keep_mask(seed, 3 * m, k, p).reshape(3, m, k) if p else None
+    seed = int(torch.randint(0, fast_lora.SEED_MAX, (1,)).item())
     p_eff = fast_lora.threshold(p) / 2**16
-    ref = _reference(x, w, b, a, bm, s, keep, p_eff)
-    torch.testing.assert_close(y, ref)
-    gy = torch.randn_like(ref)
-    got = torch.autograd.grad(y, (x, a, bm), gy)
-    want = torch.autograd.grad(ref, (x, a, bm), gy)
+    refs = []
+    for i, (w, b, a, bm, _) in enumerate(members):  # member i: its own mask, key seed + i
+        keep = fast_lora.keep_mask(seed + i, 3 * m, k, p).reshape(3, m, k) if p else None
+        refs.append(_reference(x, w, b, a, bm, s, keep, p_eff))
+    for y, ref in zip(ys, refs, strict=True):
+        torch.testing.assert_close(y, ref)
+    if p and len(ns) > 1:
+        assert not torch.equal(fast_lora.keep_mask(seed, 3 * m, k, p), fast_lora.keep_mask(seed + 1, 3 * m, k, p))
+    gys = [torch.randn_like(r) for r in refs]
+    leaves = [x] + [t for mem in members for t in (mem[2], mem[3])]
+    got = torch.autograd.grad(ys, leaves, gys)
+    want = torch.autograd.grad(refs, leaves, gys)
     for g, wnt in zip(got, want, strict=True):
         torch.testing.assert_close(g, wnt)
 
 
-def test_fused_function_gradcheck() -> None:
+def test_fused_group_gradcheck() -> None:
     torch.manual_seed(1)
-    x = torch.randn(5, 130, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(7, 130, dtype=torch.float64)
-    a = torch.randn(16, 130, dtype=torch.float64, requires_grad=True)
-    bm = torch.randn(7, 16, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(3, 20, dtype=torch.float64, requires_grad=True)
+    members = _members(20, (7, 3), with_bias=False)
+    leaves = [t for mem in members for t in (mem[2], mem[3])]
 
-    def f(x, a, bm):
-        torch.manual_seed(5)  # the same mask at every evaluation
-        return fast_lora.fused_lora_linear(x, w, None, a, bm, 2.0, 0.3, training=True)
+    def f(x, *leaves):
+        torch.manual_seed(5)  # the same masks at every evaluation
+        mems = [(w, b, leaves[2 * i], leaves[2 * i + 1], None) for i, (w, b, _, _, _) in enumerate(members)]
+        return fast_lora.fused_lora_group(x, mems, 2.0, 0.3, training=True)
 
-    assert torch.autograd.gradcheck(f, (x, a, bm))
+    assert torch.autograd.gradcheck(f, (x, *leaves), fast_mode=True)
 
 
 def test_eval_mode_has_no_dropout() -> None:
@@ -115,13 +140,30 @@ def test_eval_mode_has_no_dropout() -> None:
     torch.testing.assert_close(y, _reference(x, w, None, a, bm, 1.0, None, 0.0))
 
 
+class Block(torch.nn.Module):
+    """An attention-like block: q/k/v read one input (a group), o alone; an MLP's gate/up (a group) and down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(24, d) for d in (32, 16, 16))
+        self.o_proj = torch.nn.Linear(64, 24, bias=False)
+        self.gate_proj, self.up_proj = torch.nn.Linear(24, 40, bias=False), torch.nn.Linear(24, 40, bias=False)
+        self.down_proj = torch.nn.Linear(40, 24, bias=False)
+
+    def forward(self, x):
+        h = self.o_proj(torch.cat([self.q_proj(x), self.k_proj(x), torch.tanh(self.v_proj(x))], dim=-1))
+        h = x + h
+        return self.down_proj(torch.nn.functional.gelu(self.gate_proj(h)) * self.up_proj(h))
+
+
+NAMES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
 def _peft_model(dropout: float, r: int = 16):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(3)
-    base = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 24, bias=False))
-    cfg = LoraConfig(r=r, lora_alpha=8, lora_dropout=dropout, target_modules=["0", "2"])
-    model = get_peft_model(base, cfg)
+    model = get_peft_model(Block().double(), LoraConfig(r=r, lora_alpha=8, lora_dropout=dropout, target_modules=NAMES))
     for mod in model.modules():  # non-zero B so the adapter contributes
         if hasattr(mod, "lora_B"):
             for lin in mod.lora_B.values():
@@ -129,26 +171,82 @@ def _peft_model(dropout: float, r: int = 16):
     return model
 
 
-def test_apply_equals_peft_without_dropout_and_trains_the_same_parameters() -> None:
-    ref = _peft_model(0.0)
-    fused = _peft_model(0.0)
+class SeededDropout(torch.nn.Module):
+    """PEFT's dropout slot with the fused layers' mask: `keep_mask(seed)` scaled by 1 / P(keep)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p, self.seed = p, 0
+
+    def forward(self, x):
+        keep = fast_lora.keep_mask(self.seed, x[..., 0].numel(), x.shape[-1], self.p).reshape(x.shape)
+        return x * keep * fast_lora.inv_keep(self.p)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_apply_equals_peft_layers_forward_and_gradients(p: float) -> None:
+    # PEFT's own LoRA layers, their dropout drawing the fused layers' masks: the same y and gradients of x, A, B
+    ref, fused = _peft_model(p), _peft_model(p)
     counts = fast_lora.apply(fused)
-    assert counts == {"fused": 2, "skipped": {}}
-    x = torch.randn(6, 24)
-    torch.testing.assert_close(fused(x), ref(x))
-    ref(x).square().sum().backward()
-    fused(x).square().sum().backward()
-    got = {n: p.grad for n, p in fused.named_parameters() if p.requires_grad}
-    want = {n: p.grad for n, p in ref.named_parameters() if p.requires_grad}
-    assert got.keys() == want.keys() and len(got) == 4
+    assert counts == {"fused": 7, "groups": 4, "skipped": {}}  # {q,k,v}, {o}, {gate,up}, {down}
+    x = torch.randn(2, 6, 24, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(10)
+    seeds = iter([int(torch.randint(0, fast_lora.SEED_MAX, (1,)).item()) for _ in range(4)])  # one per group call
+    group_of = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2, "up_proj": 2, "down_proj": 3}
+    first = [next(seeds) for _ in range(4)]
+    for name in NAMES:
+        layer = getattr(ref.base_model.model, name)
+        drop = SeededDropout(p)
+        members = [n for n, g in group_of.items() if g == group_of[name]]
+        drop.seed = first[group_of[name]] + members.index(name)  # call order inside the block
+        layer.lora_dropout["default"] = drop
+    torch.manual_seed(10)
+    y = fused(x)
+    x_ref = x.detach().clone().requires_grad_()
+    want = ref(x_ref)
+    torch.testing.assert_close(y, want)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    want.backward(gy)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    got, wanted = _grads(fused), _grads(ref)
+    assert got.keys() == wanted.keys() and len(got) == 14
     for name in got:
-        torch.testing.assert_close(got[name], want[name])
+        torch.testing.assert_close(got[name], wanted[name])
+
+
+def test_group_runs_once_per_input_and_members_alone_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _peft_model(0.1)
+    fast_lora.apply(model)
+    calls: list[int] = []
+    real = fast_lora.fused_lora_group
+
+    def counting(x, members, *args, **kwargs):
+        calls.append(len(members))
+        return real(x, members, *args, **kwargs)
+
+    monkeypatch.setattr(fast_lora, "fused_lora_group", counting)
+    block = model.base_model.model
+    x = torch.randn(3, 24, dtype=torch.float64)
+    block(x)
+    assert calls == [3, 1, 2, 1]  # q/k/v, o, gate/up, down
+    calls.clear()
+    block.q_proj(x)
+    block.k_proj(x.clone())  # another tensor: computed alone (its stashed output is not for this input)
+    assert calls == [3, 3]
+    with torch.no_grad():  # another grad mode: not served from the stash
+        block.v_proj(x)
+    assert calls == [3, 3, 3]
 
 
 def test_apply_dropout_in_training_and_not_in_eval() -> None:
     model = _peft_model(0.2)
     fast_lora.apply(model)
-    x = torch.randn(6, 24)
+    x = torch.randn(6, 24, dtype=torch.float64)
     model.train()
     torch.manual_seed(10)
     y1 = model(x)
@@ -169,41 +267,50 @@ def test_apply_skips_what_it_cannot_fuse() -> None:
     assert counts["fused"] == 0 and "rank 8" in next(iter(counts["skipped"]))
 
 
+KERNEL_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import fast_lora
+from fast_lora_kernels import lora_fwd, lora_bwd
+torch.manual_seed(0)
+for (m, k, n, bm, bk) in ((70, 300, 1, 32, 64), (50, 200, 3, 16, 128)):
+    r, p, seed = 16, 0.25, 12345
+    kb8 = -(-k // 8)
+    x = torch.randn(m, k)
+    As = [torch.randn(r, k) for _ in range(n)]
+    a0, a1, a2 = (As + [As[0]] * 2)[:3]
+    h = torch.full((n, m, r), float("nan"))
+    bits = torch.full((n, m, kb8), 77, dtype=torch.uint8)
+    lora_fwd[(-(-m // bm),)](x, a0, a1, a2, h, bits, m, k, kb8, x.stride(0), seed, fast_lora.threshold(p), 0.5,
+                             NS=n, R=r, BM=bm, BK=bk)
+    for i in range(n):
+        ref_bits = fast_lora.keep_bits(seed + i, m, k, p)
+        assert torch.equal(bits[i], ref_bits), ("bits", i)
+        keep = fast_lora.unpack_bits(ref_bits, k)
+        torch.testing.assert_close(h[i], 0.5 * (x * keep) @ As[i].t(), rtol=1e-4, atol=1e-3)
+    gs = torch.randn(n, m, r)
+    gx0 = torch.randn(m, k)
+    gx = gx0.clone()
+    rows_per = 2 * bm
+    n_m = -(-m // rows_per)
+    ga = torch.full((n, n_m, r, k), float("nan"))
+    lora_bwd[(n_m, -(-k // bk))](x, gx, gs, a0, a1, a2, bits, ga, m, k, kb8, x.stride(0), gx.stride(0), rows_per,
+                                 0.7, NS=n, R=r, BM=bm, BK=bk, HAS_GX=True)
+    want = gx0.clone()
+    for i in range(n):
+        keep = fast_lora.unpack_bits(bits[i], k)
+        want += 0.7 * (gs[i] @ As[i]) * keep
+        torch.testing.assert_close(ga[i].sum(0), 0.7 * gs[i].t() @ (x * keep), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(gx, want, rtol=1e-4, atol=1e-3)
+print("ok")
+"""
+
+
 @pytest.mark.slow
 def test_triton_kernels_match_the_reference_in_the_interpreter() -> None:
+    # the mask bits bit for bit, h, the in-place gx and gA of a single layer and of a group of 3
     pytest.importorskip("triton")
-    script = textwrap.dedent(
-        """
-        import sys, torch
-        sys.path.insert(0, sys.argv[1])
-        import fast_lora
-        from fast_lora_kernels import keep_mask_kernel, dropout_lora_a_fwd, dropout_lora_bwd
-        torch.manual_seed(0)
-        m, k, r, p, seed = 70, 300, 16, 0.25, 12345
-        kb = -(-k // 128)
-        out = torch.full((m, k), 7, dtype=torch.uint8)
-        keep_mask_kernel[(-(-m // 32), kb)](out, m, k, kb, seed, fast_lora.threshold(p), BM=32)
-        ref = fast_lora.keep_mask(seed, m, k, p)
-        assert torch.equal(out.bool(), ref), "mask"
-        x = torch.randn(m, k)
-        a = torch.randn(r, k)
-        h = torch.zeros(2, m, r)
-        dropout_lora_a_fwd[(-(-m // 32), 2)](x, a, h, m, k, kb, x.stride(0), h.stride(1), seed,
-                                             fast_lora.threshold(p), 2, R=r, BM=32, DROPOUT=True)
-        torch.testing.assert_close(h.sum(0), (x * ref) @ a.t(), rtol=1e-4, atol=1e-3)
-        gs = torch.randn(m, r)
-        gx0 = torch.randn(m, k)
-        gx = gx0.clone()
-        ga = torch.zeros(-(-m // 64), r, k)
-        inv = 1 / (1 - fast_lora.threshold(p) / 65536)
-        dropout_lora_bwd[(-(-m // 64), kb)](x, gs, a, gx, ga, m, k, kb, x.stride(0), gx.stride(0), gs.stride(0),
-                                            seed, fast_lora.threshold(p), inv, 64, R=r, BM=32, HAS_GX=True)
-        torch.testing.assert_close(gx, gx0 + (gs @ a) * ref * inv, rtol=1e-4, atol=1e-3)
-        torch.testing.assert_close(ga.sum(0), gs.t() @ (x * ref) * inv, rtol=1e-4, atol=1e-3)
-        print("ok")
-        """
-    )
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", script, str(TRAINER)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT, str(TRAINER)], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

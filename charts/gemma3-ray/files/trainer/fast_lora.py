@@ -1,20 +1,23 @@
-"""Fused LoRA linear layers: base matmul, dropout and the adapter in one autograd Function.
+"""Fused LoRA linear layers: base matmul, dropout and the adapter in one autograd Function per group.
 
 PEFT's LoRA layer computes `base(x) + lora_B(lora_A(dropout(x))) * scaling`: dropout materialises a
 copy of every LoRA input (kept alive for backward: ~25 GiB on Gemma 3 4B at batch 12), and the
-scaling and the add are separate passes over the output. Here, per layer and step:
+scaling and the add are separate passes over the output. Here a group is 1 to 3 LoRA layers that read
+the same x (q/k/v of an attention block, gate/up of an MLP: `fast_lora_peft.py` finds them); per group:
 
-- forward: `h = dropout(x) @ A^T` in one pass over x (the mask is generated while x is loaded, never
-  stored), `y = (s*h) @ B^T`, then `y += x @ W^T` in the GEMM's epilogue (cuBLAS beta=1);
-- backward: `gx = gy @ W`, then one kernel adds `keep * ((s * gy @ B) @ A) / (1-p)` to gx in place
-  and accumulates `gA = (s * gy @ B)^T @ (keep * x) / (1-p)`, regenerating the mask from the seed;
-  `gB = gy^T @ (s*h)`.
+- forward: one Triton pass over x draws every member's dropout mask (kept as 1 bit per element for the
+  backward) and computes `h_i = s * dropout_i(x) @ A_i^T`; then `y_i = h_i @ B_i^T`, and `y_i += x @ W_i^T`
+  in the GEMM's epilogue (cuBLAS beta=1);
+- backward: `gx = sum_i gy_i @ W_i` (cuBLAS, accumulating), then one Triton pass over x and gx adds
+  `sum_i keep_i * (gy_i @ B_i @ A_i) * s / (1-p)` to gx in place and computes every
+  `gA_i = s * (gy_i @ B_i)^T @ (keep_i * x) / (1-p)`; `gB_i = gy_i^T @ h_i`.
 
-Same training semantics as PEFT's layer: inverted dropout with probability p on the adapter's input
-(independent per layer and step, drawn from torch's RNG through a per-call seed), the frozen base
-weight, the same gradients. The mask's random numbers differ from torch's dropout (another generator),
-not its distribution. `keep_mask` is the mask in PyTorch, bit for bit the kernels' (tests; the CPU
-reference path). torch/triton are imported inside functions: the Ray driver never imports them.
+Same training semantics as PEFT's layers: inverted dropout with probability p on each adapter's input,
+independent per layer and step (member i of a group uses key seed + i; the seed comes from torch's RNG),
+the frozen base weights, the same gradients. The mask's random numbers differ from torch's dropout
+(another generator), not its distribution. `keep_bits`/`keep_mask` are the masks in PyTorch, bit for
+bit the kernels' (tests; the CPU path). torch/triton are imported inside functions: the Ray driver never
+imports them.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MASK_BLOCK = 128  # columns per mask block (fast_lora_kernels.py documents the layout)
-SUB = 16
 BITS = 16  # random bits per element: p is rounded to a multiple of 2**-16
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 PHILOX_ROUNDS = 10
 U32 = 0xFFFFFFFF
 SUPPORTED_RANKS = (16, 32, 64, 128)
+MAX_GROUP = 3
+SEED_MAX = 2**31 - 1 - MAX_GROUP
 
 
 def threshold(p: float) -> int:
@@ -37,8 +40,12 @@ def threshold(p: float) -> int:
     return int(round(p * (1 << BITS)))
 
 
+def inv_keep(p: float) -> float:
+    return 1.0 / (1.0 - threshold(p) / (1 << BITS)) if p > 0 else 1.0
+
+
 # ------------------------------------------------------------------------------------------------
-# The mask in PyTorch (reference, CPU path, tests)
+# The masks in PyTorch (reference, CPU path, tests)
 # ------------------------------------------------------------------------------------------------
 def _mulhilo(a: int, b):
     """(hi, lo) 32-bit halves of the 64-bit product of constant a and int64 tensor b (< 2**32)."""
@@ -66,247 +73,198 @@ def philox4x32(counter, seed: int, rounds: int = PHILOX_ROUNDS):
     return c0, c1, c2, c3
 
 
+def keep_bits(seed: int, m: int, k: int, p: float, device=None):
+    """uint8 [m, ceil(k/8)]: bit j of byte (r, c) = dropout keeps element (r, 8c + j) (the kernels' bits)."""
+    import torch
+
+    kb8 = -(-k // 8)
+    counter = torch.arange(m * kb8, dtype=torch.int64, device=device).reshape(m, kb8)
+    words = philox4x32(counter, seed)
+    out = torch.zeros((m, kb8), dtype=torch.int64, device=device)
+    for j in range(8):
+        half = (words[j // 2] >> (16 * (j % 2))) & 0xFFFF
+        out |= (half >= threshold(p)).to(torch.int64) << j
+    return out.to(torch.uint8)
+
+
+def unpack_bits(bits, k: int):
+    """uint8 [m, ceil(k/8)] -> bool [m, k]."""
+    import torch
+
+    shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)
+    return ((bits[..., None] >> shifts) & 1).bool().flatten(-2)[..., :k]
+
+
 def keep_mask(seed: int, m: int, k: int, p: float, device=None):
     """Bool [m, k]: which elements of x[m, k] dropout keeps (the kernels' mask, bit for bit)."""
-    import torch
-
-    kb = -(-k // MASK_BLOCK)
-    rows = torch.arange(m, dtype=torch.int64, device=device)[:, None, None]
-    blocks = torch.arange(kb, dtype=torch.int64, device=device)[None, :, None]
-    c = torch.arange(SUB, dtype=torch.int64, device=device)[None, None, :]
-    r = philox4x32((rows * kb + blocks) * SUB + c, seed)  # 4 x [m, kb, 16]
-    subs = []
-    for j in range(MASK_BLOCK // SUB):
-        word = r[j // 2]
-        subs.append((word >> 16) if j % 2 else (word & 0xFFFF))
-    bits = torch.stack(subs, dim=2).reshape(m, kb * MASK_BLOCK)[:, :k]  # [m, kb, 8, 16] -> columns
-    return bits >= threshold(p)
+    return unpack_bits(keep_bits(seed, m, k, p, device), k)
 
 
 # ------------------------------------------------------------------------------------------------
-# The autograd Function
+# The adapter's A side: forward h, backward gx and gA (Triton on a GPU, PyTorch elsewhere)
 # ------------------------------------------------------------------------------------------------
-def _use_triton(x) -> bool:
-    return x.is_cuda
+def _fwd_config(m: int, n: int) -> tuple[int, int, int]:
+    """(BM, BK, warps) of lora_fwd: 64-row tiles where they fill the GPU, else 32 (mma.sync)."""
+    return (64 if m >= 64 * 264 else 32), 64 if n > 1 else 128, (8 if n > 1 else 4)
 
 
-def _fwd_h(x2, a, seed: int, p: float):
-    """(x2 * keep) @ a^T in fp32 (unscaled)."""
+def _a_forward(x2, a_list, seed: int, p: float, scale: float):
+    """(h [n, M, R] in x's dtype = scale * dropout_i(x2) @ A_i^T, bits [n, M, K/8] or None)."""
     import torch
 
     m, k = x2.shape
-    acc = torch.promote_types(x2.dtype, torch.float32)
+    n, r = len(a_list), a_list[0].shape[0]
     if p == 0.0:
-        return (x2 @ a.t()).to(acc)
-    if not _use_triton(x2):
-        keep = keep_mask(seed, m, k, p, x2.device)
-        return (x2 * keep).to(acc) @ a.t().to(acc)
-    import triton
-    from fast_lora_kernels import dropout_lora_a_fwd
+        return torch.stack([(x2 @ a.t()) * scale for a in a_list]).to(x2.dtype), None
+    if not x2.is_cuda:
+        acc = torch.promote_types(x2.dtype, torch.float32)
+        bits = torch.stack([keep_bits(seed + i, m, k, p, x2.device) for i in range(n)])
+        h = [((x2 * unpack_bits(bits[i], k)).to(acc) @ a.t().to(acc)) * scale for i, a in enumerate(a_list)]
+        return torch.stack(h).to(x2.dtype), bits
+    from fast_lora_kernels import lora_fwd
 
-    kb = -(-k // MASK_BLOCK)
-    bm = 64
-    grid_m = triton.cdiv(m, bm)
-    split = max(1, min(kb, -(-4 * 132 // grid_m)))  # enough programs to fill the GPU
-    per = -(-kb // split)
-    n_k = -(-kb // per)
-    h = torch.empty((n_k, m, a.shape[0]), device=x2.device, dtype=torch.float32)
-    dropout_lora_a_fwd[(grid_m, n_k)](
-        x2, a, h, m, k, kb, x2.stride(0), h.stride(1), seed, threshold(p), per, R=a.shape[0], BM=bm, DROPOUT=True
-    )
-    return h.sum(dim=0) if n_k > 1 else h[0]
+    kb8 = -(-k // 8)
+    h = torch.empty((n, m, r), device=x2.device, dtype=x2.dtype)
+    bits = torch.empty((n, m, kb8), device=x2.device, dtype=torch.uint8)
+    bm, bk, warps = _fwd_config(m, n)
+    a0, a1, a2 = (a_list + [a_list[0]] * 2)[:3]
+    lora_fwd[(-(-m // bm),)](x2, a0, a1, a2, h, bits, m, k, kb8, x2.stride(0), seed, threshold(p), scale,
+                             NS=n, R=r, BM=bm, BK=bk, num_warps=warps)
+    return h, bits
 
 
-def _bwd_lora(x2, gs, a, gx, seed: int, p: float):
-    """gx += keep * (gs @ a) / (1-p) in place (gx may be None); returns gA = gs^T @ (keep * x2) / (1-p)."""
+def _a_backward(x2, gs, a_list, bits, gx, p: float, scale: float):
+    """gx += scale * sum_i keep_i * (gs_i @ A_i) in place (gx may be None); returns [gA_i] (fp32)."""
     import torch
 
     m, k = x2.shape
-    if p == 0.0:
+    n = len(a_list)
+    if bits is None:
         if gx is not None:
-            gx.addmm_(gs, a)
-        return gs.t() @ x2
-    inv_keep = 1.0 / (1.0 - threshold(p) / (1 << BITS))
-    if not _use_triton(x2):
-        keep = keep_mask(seed, m, k, p, x2.device)
+            for i, a in enumerate(a_list):
+                gx.addmm_(gs[i], a, alpha=scale)
+        return [(gs[i].t() @ x2) * scale for i in range(n)]
+    if not x2.is_cuda:
+        keep = [unpack_bits(bits[i], k) for i in range(n)]
         if gx is not None:
-            gx.add_((gs @ a) * keep * inv_keep)
-        return (gs.t() @ (x2 * keep)) * inv_keep
+            for i, a in enumerate(a_list):
+                gx.add_((gs[i] @ a) * keep[i] * scale)
+        return [(gs[i].t() @ (x2 * keep[i])) * scale for i in range(n)]
     import triton
-    from fast_lora_kernels import dropout_lora_bwd
+    from fast_lora_kernels import lora_bwd
 
-    kb = -(-k // MASK_BLOCK)
-    bm = 64
-    chunks = max(1, min(triton.cdiv(m, bm), -(-4 * 132 // kb)))
+    kb8 = -(-k // 8)
+    bm, bk = 64, 64
+    n_k = triton.cdiv(k, bk)
+    chunks = max(1, min(triton.cdiv(m, bm), -(-4 * 132 // n_k)))
     rows_per = triton.cdiv(triton.cdiv(m, chunks), bm) * bm
     n_m = triton.cdiv(m, rows_per)
-    ga = torch.empty((n_m, a.shape[0], k), device=x2.device, dtype=torch.float32)
+    ga = torch.empty((n, n_m, a_list[0].shape[0], k), device=x2.device, dtype=torch.float32)
     gx_arg = gx if gx is not None else x2  # unused when HAS_GX is false
-    dropout_lora_bwd[(n_m, kb)](
-        x2, gs, a, gx_arg, ga, m, k, kb, x2.stride(0), gx_arg.stride(0), gs.stride(0), seed, threshold(p), inv_keep,
-        rows_per,
-        R=a.shape[0], BM=bm, HAS_GX=gx is not None,
-    )
-    return ga.sum(dim=0)
+    a0, a1, a2 = (a_list + [a_list[0]] * 2)[:3]
+    lora_bwd[(n_m, n_k)](x2, gx_arg, gs, a0, a1, a2, bits, ga, m, k, kb8, x2.stride(0), gx_arg.stride(0), rows_per,
+                         scale, NS=n, R=a0.shape[0], BM=bm, BK=bk, HAS_GX=gx is not None, num_warps=8)
+    total = ga.sum(dim=1) if n_m > 1 else ga[:, 0]
+    return list(total.unbind(0))
 
 
+# ------------------------------------------------------------------------------------------------
+# The autograd Function of a group
+# ------------------------------------------------------------------------------------------------
 def _function():
     import torch
 
-    class FusedLoraLinear(torch.autograd.Function):
+    class FusedLoraGroup(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float, p: float, seed: int, base_matmuls=None):
+        def forward(ctx, x, scaling: float, p: float, seed: int, base_matmuls, *params):
+            n = len(params) // 4
+            ws, bs, a_list, b_list = params[0::4], params[1::4], list(params[2::4]), params[3::4]
             shape = x.shape
             k = shape[-1]
             x2 = x.reshape(-1, k)
             if x2.stride(-1) != 1:
                 x2 = x2.contiguous()
-            inv_keep = 1.0 / (1.0 - threshold(p) / (1 << BITS)) if p > 0 else 1.0
-            hs = (_fwd_h(x2, lora_a, seed, p) * (scaling * inv_keep)).to(x.dtype)
-            y = torch.addmm(bias, hs, lora_b.t()) if bias is not None else hs @ lora_b.t()
-            if base_matmuls is None:
-                y.addmm_(x2, weight.t())
-            else:
-                y.add_(base_matmuls.forward(x2))
-            ctx.save_for_backward(x2, weight, lora_a, lora_b, hs)
-            ctx.scaling, ctx.p, ctx.seed, ctx.shape, ctx.base_matmuls = scaling, p, seed, shape, base_matmuls
-            return y.view(*shape[:-1], weight.shape[0])
+            h, bits = _a_forward(x2, a_list, seed, p, scaling * inv_keep(p))
+            ys = []
+            for i in range(n):
+                y = torch.addmm(bs[i], h[i], b_list[i].t()) if bs[i] is not None else h[i] @ b_list[i].t()
+                if base_matmuls[i] is None:
+                    y.addmm_(x2, ws[i].t())
+                else:
+                    y.add_(base_matmuls[i].forward(x2))
+                ys.append(y.view(*shape[:-1], ws[i].shape[0]))
+            ctx.save_for_backward(x2, h, bits, *ws, *a_list, *b_list)
+            ctx.n, ctx.scaling, ctx.p, ctx.shape, ctx.base_matmuls = n, scaling, p, shape, base_matmuls
+            return tuple(ys)
 
         @staticmethod
-        def backward(ctx, gy):
-            x2, weight, lora_a, lora_b, hs = ctx.saved_tensors
-            gy2 = gy.reshape(-1, weight.shape[0])
-            gs = (gy2 @ lora_b) * ctx.scaling
-            gb = gy2.t() @ hs
+        def backward(ctx, *gys):
+            n = ctx.n
+            x2, h, bits, *rest = ctx.saved_tensors
+            ws, a_list, b_list = rest[:n], rest[n:2 * n], rest[2 * n:]
+            m = x2.shape[0]
+            gy2 = [(gy if gy is not None else torch.zeros((*ctx.shape[:-1], w.shape[0]), dtype=x2.dtype,
+                                                          device=x2.device)).reshape(m, w.shape[0])
+                   for gy, w in zip(gys, ws, strict=True)]
+            gs = torch.empty((n, m, a_list[0].shape[0]), device=x2.device, dtype=h.dtype)
+            for i in range(n):
+                torch.mm(gy2[i], b_list[i], out=gs[i])
+            gbs = [gy2[i].t() @ h[i] for i in range(n)]
             gx = None
             if ctx.needs_input_grad[0]:
-                gx = gy2 @ weight if ctx.base_matmuls is None else ctx.base_matmuls.input_grad(gy2.contiguous())
-            ga = _bwd_lora(x2, gs, lora_a, gx, ctx.seed, ctx.p)
-            gx_out = gx.view(ctx.shape) if gx is not None else None
-            return gx_out, None, None, ga.to(lora_a.dtype), gb.to(lora_b.dtype), None, None, None, None
+                for i in range(n):
+                    bm = ctx.base_matmuls[i]
+                    if bm is not None:
+                        part = bm.input_grad(gy2[i].contiguous())
+                        gx = part if gx is None else gx.add_(part)
+                    elif gx is None:
+                        gx = gy2[i] @ ws[i]
+                    else:
+                        gx.addmm_(gy2[i], ws[i])
+            gas = _a_backward(x2, gs, a_list, bits, gx, ctx.p, ctx.scaling * inv_keep(ctx.p))
+            grads: list[Any] = [gx.view(ctx.shape) if gx is not None else None, None, None, None, None]
+            for i in range(n):
+                grads += [None, None, gas[i].to(a_list[i].dtype), gbs[i].to(b_list[i].dtype)]
+            return tuple(grads)
 
-    return FusedLoraLinear
+    return FusedLoraGroup
 
 
 _FUNCTION: Any = None
 
 
-def fused_lora_linear(x, weight, bias, lora_a, lora_b, scaling: float, p: float, training: bool,
-                      base_matmuls=None):
-    """y = x @ W^T + b + scaling * dropout_p(x) @ A^T @ B^T, as PEFT's LoRA layer (W and b frozen).
+def fused_lora_group(x, members, scaling: float, p: float, training: bool) -> tuple:
+    """(y_i = x @ W_i^T + b_i + scaling * dropout_p,i(x) @ A_i^T @ B_i^T for each member), as PEFT's layers.
 
-    `base_matmuls` (the base layer's attribute of that name), if given, computes the two products with the
-    frozen W instead: `.forward(x2)` = x2 @ W^T and `.input_grad(gy2)` = gy2 @ W (the trainer sets none;
-    bench/fp8_linear.py's unshipped experiment does)."""
+    `members`: (W, b or None, A, B, base_matmuls or None) per layer, all reading x. `base_matmuls`, if given,
+    computes the products with the frozen W instead: `.forward(x2)` = x2 @ W^T and `.input_grad(gy2)` = gy2 @ W
+    (the trainer sets none; bench/fp8_linear.py's unshipped experiment does)."""
     import torch
 
     global _FUNCTION
     if _FUNCTION is None:
         _FUNCTION = _function()
     p = p if training else 0.0
-    seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if p > 0 else 0  # CPU generator: no GPU sync
-    return _FUNCTION.apply(x, weight, bias, lora_a, lora_b, float(scaling), float(p), seed, base_matmuls)
+    seed = int(torch.randint(0, SEED_MAX, (1,)).item()) if p > 0 else 0  # CPU generator: no GPU sync
+    params: list[Any] = []
+    for w, b, a, bm, _ in members:
+        params += [w, b, a, bm]
+    return _FUNCTION.apply(x, float(scaling), float(p), seed, tuple(m[4] for m in members), *params)
 
 
-# ------------------------------------------------------------------------------------------------
-# PEFT integration
-# ------------------------------------------------------------------------------------------------
-def _fusable(layer) -> str | None:
-    """Why this PEFT LoRA layer cannot take the fused path (None: it can)."""
-    import torch
-
-    base = getattr(layer, "base_layer", None)
-    if type(base) is not torch.nn.Linear:
-        return "base layer is not a plain Linear (quantized?)"
-    if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
-        return "base weight is trainable"
-    if len(layer.lora_A) != 1 or getattr(layer, "lora_variant", {}):
-        return "several adapters or a LoRA variant (DoRA)"
-    name = next(iter(layer.lora_A))
-    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-    if a.shape[0] not in SUPPORTED_RANKS:
-        return f"rank {a.shape[0]} not in {SUPPORTED_RANKS}"
-    if not (a.dtype == b.dtype == base.weight.dtype):
-        return "adapter dtype differs from the base weight's"
-    if getattr(layer, "lora_bias", {}).get(name):
-        return "lora_bias"
-    return None
-
-
-def _fused_forward(layer, original):
-    import torch
-
-    fused = torch.compiler.disable(fused_lora_linear)  # compiled regions (compile_vision) stop around it
-
-    def forward(x, *args: Any, **kwargs: Any):
-        name = next(iter(layer.lora_A))
-        if (layer.disable_adapters or layer.merged or args or kwargs or name not in layer.active_adapters
-                or x.dtype != layer.base_layer.weight.dtype):
-            return original(x, *args, **kwargs)
-        drop = layer.lora_dropout[name]
-        p = drop.p if isinstance(drop, torch.nn.Dropout) else 0.0
-        base = layer.base_layer
-        return fused(x, base.weight, base.bias, layer.lora_A[name].weight, layer.lora_B[name].weight,
-                                 layer.scaling[name], p, layer.training, getattr(base, "base_matmuls", None))
-
-    return forward
-
-
-def self_test(device, shapes: tuple[tuple[int, int], ...] = ((80, 1152), (48, 4304))) -> str | None:
-    """Compile and check the kernels on `device` against the reference (None: they agree)."""
-    import torch
-
-    try:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        for m, k in shapes:
-            x = torch.randn(m, k, generator=g).to(device, torch.bfloat16).requires_grad_()
-            w = (torch.randn(32, k, generator=g) / k**0.5).to(device, torch.bfloat16)
-            a = (torch.randn(16, k, generator=g) / k**0.5).to(device, torch.bfloat16).requires_grad_()
-            b = torch.randn(32, 16, generator=g).to(device, torch.bfloat16).requires_grad_()
-            seed, p = 1234, 0.05
-            fn = _function() if _FUNCTION is None else _FUNCTION
-            y = fn.apply(x, w, None, a, b, 1.0, p, seed)
-            gy = torch.randn(m, 32, generator=g).to(device, torch.bfloat16)
-            got = torch.autograd.grad(y, (x, a, b), gy)
-            keep = keep_mask(seed, m, k, p, device)
-            inv = 1.0 / (1.0 - threshold(p) / (1 << BITS))
-            xf, af, bf = (t.detach().float().requires_grad_() for t in (x, a, b))
-            ref = xf @ w.float().t() + ((xf * keep * inv) @ af.t()) @ bf.t()
-            want = torch.autograd.grad(ref, (xf, af, bf), gy.float())
-            for name, u, v in zip(("y", "gx", "gA", "gB"), (y, *got), (ref, *want), strict=True):
-                err = float((u.float() - v).norm() / v.norm())
-                if not err < 2e-2:
-                    return f"{name} differs from the reference at [{m}, {k}]: relative error {err:.3g}"
-    except Exception as e:  # a kernel that does not compile on this GPU/Triton: stay on PEFT's layer
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    return None
-
-
-def apply(model) -> dict[str, Any]:
-    """Route every eligible PEFT LoRA Linear of `model` through the fused Function; returns counts.
-
-    On a GPU the kernels are compiled and checked first; if that fails, nothing is fused and the
-    counts say why (training then runs PEFT's own layer)."""
-    from peft.tuners.lora import Linear as LoraLinear
-
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        problem = self_test(device)
-        if problem:
-            return {"fused": 0, "skipped": {f"kernel self-test failed: {problem}": -1}}
-    fused, skipped = 0, {}
-    for module in model.modules():
-        if not isinstance(module, LoraLinear):
-            continue
-        why = _fusable(module)
-        if why is None:
-            module.forward = _fused_forward(module, module.forward)
-            fused += 1
-        else:
-            skipped[why] = skipped.get(why, 0) + 1
-    return {"fused": fused, "skipped": skipped}
+def fused_lora_linear(x, weight, bias, lora_a, lora_b, scaling: float, p: float, training: bool,
+                      base_matmuls=None):
+    """y = x @ W^T + b + scaling * dropout_p(x) @ A^T @ B^T, as PEFT's LoRA layer (W and b frozen)."""
+    return fused_lora_group(x, [(weight, bias, lora_a, lora_b, base_matmuls)], scaling, p, training)[0]
 
 
 def dropout_fraction_error(p: float) -> float:
     """|P(drop) - p| of the 16-bit threshold (5e-6 at p = 0.05)."""
     return math.fabs(threshold(p) / (1 << BITS) - p)
+
+
+def apply(model) -> dict[str, Any]:
+    """Route every eligible PEFT LoRA Linear of `model` through the fused Function (fast_lora_peft.py)."""
+    import fast_lora_peft
+
+    return fast_lora_peft.apply(model)

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import os
+import posixpath
 import re
 import string
 import sys
@@ -255,6 +256,22 @@ def is_checkpoint_path(value: str) -> bool:
     return value.startswith(("gs://", "/", ".")) or "/" in value
 
 
+# Flags that name a path: parse_args gives each one spelling (gs://b/x/ = gs://b/x; ./data = data/ = /abs/data), so a
+# path spelled two ways is never two runs (#27.13). A hub id (model_id, dataset_name) or run name stays as given.
+PATH_FLAGS = ("model_id", "dataset_name", "storage_path", "cache_dir", "resume_from")
+
+
+def canonical_path(name: str, value: str | None) -> str | None:
+    """The one spelling of flag `name`'s `value`: gs:// normalised, a local path absolute, else without a trailing /."""
+    if not value or (name == "resume_from" and not is_checkpoint_path(value)):
+        return value
+    if value.startswith("gs://"):
+        return "gs://" + posixpath.normpath(value[5:]).strip("/") if value[5:].strip("/") else value
+    if name in ("storage_path", "cache_dir") or value.startswith(("/", ".")) or os.path.exists(value):
+        return os.path.abspath(value)
+    return value.rstrip("/") or value
+
+
 # ----------------------------------------------------------------------------------------------
 # Parsing: `--name=value` (or `--name value`); booleans true|false; unknown names get the closest one.
 # ----------------------------------------------------------------------------------------------
@@ -320,6 +337,8 @@ def parse_args(argv: list[str] | None = None) -> TrainArguments:
     args = TrainArguments(**vars(build_parser().parse_args(argv)))
     apply_recipe(args)
     validate_args(args)
+    for name in PATH_FLAGS:
+        setattr(args, name, canonical_path(name, getattr(args, name)))
     return args
 
 

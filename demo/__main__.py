@@ -38,15 +38,15 @@ from demo.chart_job import (
 )
 from demo.job_runner import require_success, run_job
 from demo.local_cluster import (
+    FakeGcs,
     describe_other_ray,
     other_ray_processes,
-    remove_temp_dir,
+    ray_head,
     require_jobs_api_packages,
     require_memory,
     require_port_free,
-    start_fake_gcs,
-    start_ray_head,
 )
+from demo.processes import deferred_signals
 from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
 from demo.run_dirs import RESULT_FILE, new_run_dir
 
@@ -187,9 +187,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise DemoError(f"the rendered --storage_path is {storage!r}; the demo serves a gs:// bucket locally")
     bucket = storage[len("gs://") :].split("/", 1)[0]
 
-    gcs = start_fake_gcs(run_dir / "gcs", run_dir / "fake-gcs-server.log")
+    # Every server the demo starts is described first and started inside the try: whatever an interrupt
+    # or a failure cuts short, the finally stops by process id (demo/processes.py).
+    gcs = FakeGcs(run_dir / "gcs", run_dir / "fake-gcs-server.log")
     head = None
     try:
+        gcs.start()
         gcs.create_bucket(bucket)
         extra_env = {
             # The trainer's gs:// storage goes to the local fake-gcs-server (objects as files on disk).
@@ -219,7 +222,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 say("note: " + describe_other_ray(others))
             num_cpus = args.num_cpus or max(os.cpu_count() or 1, job.num_workers)
             t = time.monotonic()
-            head = start_ray_head(num_cpus, run_dir / "ray-head.log", args.ray_port, args.dashboard_port)
+            head = ray_head(num_cpus, run_dir / "ray-head.log", args.ray_port, args.dashboard_port)
+            head.start()
             say(
                 f"3/4 local Ray head (pid {head.process.pid}) on 127.0.0.1: GCS :{head.gcs_port}, Jobs API "
                 f"{head.dashboard_url}, {num_cpus} CPUs, token authentication on (a fresh token for this run) "
@@ -243,11 +247,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         require_success(outcome)
     finally:
-        if head is not None:
-            stopped = head.stop()
-            remove_temp_dir(head.temp_dir)
-            say(f"stopped the local Ray head by process id: pid {head.process.pid} and {len(stopped) - 1} descendants")
-        gcs.stop()
+        with deferred_signals(say):  # a second Ctrl-C waits until everything is stopped
+            if head is not None:
+                say(head.stop_sentence())
+            say(gcs.stop_sentence())
 
     # 4. Report.
     run_storage = find_run(storage_dir, run_name)
@@ -313,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[demo] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
-        print("\n[demo] interrupted; the local Ray head and storage server were stopped", file=sys.stderr)
+        # What was stopped is said above, by the clean-up that did it.
+        print("\n[demo] interrupted", file=sys.stderr, flush=True)
         return 130
     return 0
 

@@ -138,7 +138,8 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
         try:
             asyncio.run(_follow(client, submission_id, out, metrics_path, max_steps))
         except KeyboardInterrupt:
-            client.stop_job(submission_id)
+            with contextlib.suppress(Exception):  # the head may be going down already; it is stopped next
+                client.stop_job(submission_id)
             raise
         finally:
             out.close()

@@ -16,11 +16,9 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -30,10 +28,10 @@ from pathlib import Path
 import psutil
 
 from demo.chart_job import DemoError
+from demo.processes import STOP_GRACE_S, Owned, Stopped
 
 LOCALHOST = "127.0.0.1"
 RAY_START_TIMEOUT_S = 90.0
-STOP_GRACE_S = 15.0
 GCS_START_TIMEOUT_S = 15.0
 POLL_S = 0.5
 # Ray's shared-memory object store: the job passes no large objects; keep it small on shared machines.
@@ -99,40 +97,23 @@ def describe_other_ray(procs: list[psutil.Process]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Process-tree handling: stop exactly what we started.
+# Process-tree handling: stop exactly what we started (demo/processes.py).
 # ----------------------------------------------------------------------------------------------
 def stop_tree(root: psutil.Process | int, known: dict[int, psutil.Process] | None = None,
               grace_s: float = STOP_GRACE_S) -> list[int]:
-    """SIGTERM ``root`` (and descendants), wait, SIGKILL what is left. Returns the pids stopped.
+    """SIGTERM ``root`` (and descendants, and the sessions they lead), wait, SIGKILL what is left.
+    Returns the pids stopped. ``known``: processes seen in the tree earlier."""
+    pid = root.pid if isinstance(root, psutil.Process) else root
+    seen = dict(known or {})
+    if isinstance(root, psutil.Process):
+        seen.setdefault(pid, root)
+    return Owned(marker="\0", pid=pid, seen=seen).stop(grace_s).stopped
 
-    ``known``: processes seen in the tree earlier (psutil refuses to signal a pid reused since).
-    """
-    try:
-        proc = root if isinstance(root, psutil.Process) else psutil.Process(root)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
-    by_pid = {p.pid: p for p in procs}
-    for pid, p in (known or {}).items():
-        if pid not in by_pid and p.is_running():
-            by_pid[pid] = p
-    targets = list(by_pid.values())
-    for p in targets[:1]:  # the root first: `ray start --block` shuts its own daemons down gracefully
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(targets[:1], timeout=grace_s)
-    for p in targets[1:]:
-        try:
-            if p.is_running():
-                p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(targets, timeout=grace_s)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
-    return [p.pid for p in targets]
+
+def _temp_dir_name() -> Path:
+    # Unix socket paths are limited to ~107 bytes: a short temp dir under /tmp. Named first, made in
+    # start(): an interrupt in between leaves nothing to remove.
+    return Path("/tmp") / f"g3r-demo-{secrets.token_hex(6)}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,15 +121,20 @@ def stop_tree(root: psutil.Process | int, known: dict[int, psutil.Process] | Non
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class RayHead:
-    """A running local Ray head started by this process."""
+    """A local Ray head of this process: described first, then started; stop() ends it on any path."""
 
-    process: subprocess.Popen
+    num_cpus: int
+    log_path: Path
     gcs_port: int
     dashboard_port: int
-    temp_dir: Path
-    log_path: Path
-    token: str = field(repr=False)
-    seen: dict[int, psutil.Process] = field(default_factory=dict)
+    token: str = field(repr=False, default_factory=lambda: secrets.token_hex(32))
+    temp_dir: Path = field(default_factory=_temp_dir_name)
+    owned: Owned | None = None
+    stopped: Stopped | None = None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.owned.process if self.owned else None
 
     @property
     def gcs_address(self) -> str:
@@ -162,16 +148,90 @@ class RayHead:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
+    @property
+    def seen(self) -> dict[int, psutil.Process]:
+        return self.owned.seen if self.owned else {}
+
     def remember_pids(self) -> None:
         """Record the head's process tree now (worker processes come and go)."""
-        with contextlib.suppress(psutil.NoSuchProcess):
-            self.seen.update({p.pid: p for p in psutil.Process(self.process.pid).children(recursive=True)})
+        if self.owned:
+            self.owned.remember()
+
+    def start(self) -> None:
+        """``ray start --head --block``; returns once its Jobs API answers (DemoError if it does not)."""
+        env = dict(os.environ)
+        env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=self.token,
+            RAY_USAGE_STATS_ENABLED="0",
+            # Ray resolves --node-ip-address=127.0.0.1 to the machine's routable address (and binds its
+            # servers there) unless it runs as a single-machine cluster: this keeps every Ray server
+            # (GCS, raylet, agents, workers) on 127.0.0.1.
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+            # The job's `python` is this Python (the entry point says `python ...`).
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        )
+        cmd = [
+            _ray_cli(), "start", "--head", "--block",
+            f"--node-ip-address={LOCALHOST}",
+            f"--port={self.gcs_port}",
+            "--include-dashboard=true",
+            f"--dashboard-host={LOCALHOST}",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--temp-dir={self.temp_dir}",
+            f"--num-cpus={self.num_cpus}",
+            "--num-gpus=0",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--disable-usage-stats",
+        ]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.owned = Owned(marker=f"--temp-dir={self.temp_dir}")
+        self.temp_dir.mkdir(mode=0o700)
+        with open(self.log_path, "wb") as log:
+            proc = self.owned.popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + RAY_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                text = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-25:])
+                hint = ""
+                if "already in use" in text or "Address already in use" in text:
+                    hint = "\nA port is in use: pass free ones with --ray-port/--dashboard-port, or omit them."
+                raise DemoError(f"`ray start --head` exited with code {proc.returncode}:\n{text}{hint}")
+            if _dashboard_up(self.dashboard_url, self.token):
+                self.remember_pids()
+                return
+            self.remember_pids()
+            time.sleep(POLL_S)
+        logs = self.log_path.parent / "ray-head-logs"
+        with contextlib.suppress(OSError, shutil.Error):
+            shutil.copytree(self.temp_dir / "session_latest" / "logs", logs, symlinks=False,
+                            ignore_dangling_symlinks=True, dirs_exist_ok=True)
+        raise DemoError(f"the Ray head did not answer at {self.dashboard_url} within {RAY_START_TIMEOUT_S:.0f} s; "
+                        f"see {self.log_path} and its logs, copied to {logs}")
 
     def stop(self) -> list[int]:
-        self.remember_pids()
-        stopped = stop_tree(self.process.pid, self.seen)
-        self.process.wait(timeout=STOP_GRACE_S)
-        return stopped
+        """Stop every process of this head by id and remove its temp dir; idempotent."""
+        if self.stopped is None:
+            self.stopped = self.owned.stop() if self.owned else Stopped(None)
+        remove_temp_dir(self.temp_dir)
+        return self.stopped.stopped
+
+    def stop_sentence(self) -> str:
+        """What stop() did, in one sentence (only what it did)."""
+        self.stop()
+        s = self.stopped
+        removed = f"; removed {self.temp_dir}" if not self.temp_dir.exists() else f"; could not remove {self.temp_dir}"
+        if s.root is None and not s.stopped:
+            return "the local Ray head had not started a process" + removed
+        head = (f"stopped the local Ray head by process id: pid {s.root} and {len(s.stopped) - 1} descendants"
+                if s.root else f"stopped {len(s.stopped)} processes of the local Ray head by process id")
+        if s.left:
+            return (f"{head}, but pids {', '.join(map(str, s.left))} still run: stop them with "
+                    f"`kill -9 {' '.join(map(str, s.left))}`{removed}")
+        return head + removed
 
 
 def _ray_cli() -> str:
@@ -202,66 +262,25 @@ def require_jobs_api_packages() -> None:
         )
 
 
-def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
-                   dashboard_port: int | None = None) -> RayHead:
-    """Start ``ray start --head --block`` bound to 127.0.0.1; return once its Jobs API answers."""
+def ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
+             dashboard_port: int | None = None) -> RayHead:
+    """A head on free (or the given, checked) ports; nothing started yet: call start(), and stop() in a finally."""
     gcs_port = require_port_free(gcs_port, "--ray-port") if gcs_port else free_port()
     dashboard_port = require_port_free(dashboard_port, "--dashboard-port") if dashboard_port else free_port()
-    # Unix socket paths are limited to ~107 bytes: a short temp dir under /tmp.
-    temp_dir = Path(tempfile.mkdtemp(prefix="g3r-demo-", dir="/tmp"))
-    token = secrets.token_hex(32)
-    env = dict(os.environ)
-    env.update(
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN=token,
-        RAY_USAGE_STATS_ENABLED="0",
-        # Ray resolves --node-ip-address=127.0.0.1 to the machine's routable address (and binds its
-        # servers there) unless it runs as a single-machine cluster: this keeps every Ray server
-        # (GCS, raylet, agents, workers) on 127.0.0.1.
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        # The job's `python` is this Python (the entry point says `python ...`).
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-    )
-    cmd = [
-        _ray_cli(), "start", "--head", "--block",
-        f"--node-ip-address={LOCALHOST}",
-        f"--port={gcs_port}",
-        "--include-dashboard=true",
-        f"--dashboard-host={LOCALHOST}",
-        f"--dashboard-port={dashboard_port}",
-        f"--ray-client-server-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
-        f"--temp-dir={temp_dir}",
-        f"--num-cpus={num_cpus}",
-        "--num-gpus=0",
-        f"--object-store-memory={OBJECT_STORE_BYTES}",
-        "--disable-usage-stats",
-    ]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    head = RayHead(proc, gcs_port, dashboard_port, temp_dir, log_path, token)
-    deadline = time.monotonic() + RAY_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            head.stop()
-            remove_temp_dir(temp_dir)
-            tail = log_path.read_text(errors="replace").splitlines()[-25:]
-            hint = ""
-            text = "\n".join(tail)
-            if "already in use" in text or "Address already in use" in text:
-                hint = "\nA port is in use: pass free ones with --ray-port/--dashboard-port, or omit them."
-            raise DemoError(f"`ray start --head` exited with code {proc.returncode}:\n{text}{hint}")
-        if _dashboard_up(head.dashboard_url, token):
-            head.remember_pids()
-            return head
-        time.sleep(POLL_S)
-    head.stop()
-    raise DemoError(
-        f"the Ray head did not answer at {head.dashboard_url} within {RAY_START_TIMEOUT_S:.0f} s; "
-        f"see {log_path} and {temp_dir}/session_latest/logs (then remove {temp_dir})"
-    )
+    return RayHead(num_cpus, log_path, gcs_port, dashboard_port)
+
+
+def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
+                   dashboard_port: int | None = None) -> RayHead:
+    """Start a head bound to 127.0.0.1 and return once its Jobs API answers; on any failure or interrupt
+    during the start, everything it started is stopped before the exception goes on."""
+    head = ray_head(num_cpus, log_path, gcs_port, dashboard_port)
+    try:
+        head.start()
+    except BaseException:
+        head.stop()
+        raise
+    return head
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,11 +288,17 @@ def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class FakeGcs:
-    """fake-gcs-server on 127.0.0.1 with objects as files under ``root/<bucket>/...``."""
+    """fake-gcs-server on 127.0.0.1 with objects as files under ``root/<bucket>/...``; start() then stop()."""
 
-    process: subprocess.Popen
-    port: int
     root: Path
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    owned: Owned | None = None
+    stopped: Stopped | None = None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.owned.process if self.owned else None
 
     @property
     def url(self) -> str:
@@ -297,10 +322,41 @@ class FakeGcs:
             if e.code != 409:  # 409: exists
                 raise DemoError(f"could not create bucket {bucket} on the local storage server: HTTP {e.code}") from e
 
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(_fake_gcs_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(self.root),
+            "-host", LOCALHOST, "-port", str(self.port), "-external-url", self.url, "-log-level", "warn",
+        ]
+        self.owned = Owned(marker=self.url)
+        with open(self.log_path, "wb") as log:
+            proc = self.owned.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + GCS_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise DemoError(f"fake-gcs-server exited with code {proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(POLL_S / 5)
+        raise DemoError(f"fake-gcs-server did not answer at {self.url}; see {self.log_path}")
+
     def stop(self) -> list[int]:
-        stopped = stop_tree(self.process.pid)
-        self.process.wait(timeout=STOP_GRACE_S)
-        return stopped
+        if self.stopped is None:
+            self.stopped = self.owned.stop() if self.owned else Stopped(None)
+        return self.stopped.stopped
+
+    def stop_sentence(self) -> str:
+        self.stop()
+        s = self.stopped
+        if s.root is None and not s.stopped:
+            return "the local storage server had not started a process"
+        if s.left:
+            return f"the local storage server's pids {', '.join(map(str, s.left))} still run: `kill -9` them"
+        return f"stopped the local storage server by process id: pid {s.root}"
 
 
 def _fake_gcs_binary() -> Path:
@@ -318,29 +374,14 @@ def _fake_gcs_binary() -> Path:
 
 
 def start_fake_gcs(root: Path, log_path: Path) -> FakeGcs:
-    root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://{LOCALHOST}:{port}"
-    cmd = [
-        str(_fake_gcs_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(root),
-        "-host", LOCALHOST, "-port", str(port), "-external-url", url, "-log-level", "warn",
-    ]
-    log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = FakeGcs(proc, port, root)
-    deadline = time.monotonic() + GCS_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DemoError(f"fake-gcs-server exited with code {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=2) as resp:
-                if resp.status == 200:
-                    return server
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(POLL_S / 5)
-    server.stop()
-    raise DemoError(f"fake-gcs-server did not answer at {url}; see {log_path}")
+    """A started storage server; on any failure or interrupt during the start it is stopped again."""
+    server = FakeGcs(root, log_path)
+    try:
+        server.start()
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def remove_temp_dir(path: Path) -> None:

@@ -82,7 +82,9 @@ GPU_ONLY: dict[str, tuple[Any, str]] = {
 
 
 def flag(default: Any, help: str, **rules: Any) -> Any:  # noqa: A002 - the dataclass metadata key
-    """A flag: its default, help text and range rules (`min`: >=, `above`: >, `below`: <)."""
+    """A flag: its default, help text and range rules (`min`: >=, `above`: >, `below`: <, `off`: the one value
+    outside the range that turns the flag off). The chart's values.schema.json is generated from these rules
+    (make sync-trainer), so helm refuses what the trainer would."""
     return field(default=default, metadata={"help": help, **rules})
 
 
@@ -104,7 +106,7 @@ class TrainArguments:
     lora_dropout: float = flag(0.05, "LoRA dropout.", min=0, below=1)
     max_seq_length: int = flag(1024, "Longest sample in tokens (image tokens included); longer rows are skipped, "
                                      "never cut (the tutorial: 512, truncating).", min=1)
-    num_train_epochs: float = flag(3.0, "Epochs (max_steps wins when > 0).")
+    num_train_epochs: float = flag(3.0, "Epochs (max_steps wins when > 0).", min=0)
     global_batch_size: int = flag(64, "Samples per optimizer step over all workers, exactly, on every worker count "
                                       "the run may take (the tutorial: 16 workers x 1 x 4 = 64); a count that does "
                                       "not divide it is refused at the start. Each worker's share is split into "
@@ -153,7 +155,7 @@ class TrainArguments:
         "all-linear", "LoRA on every linear layer (vision too) or on the language model only.")
     train_embeddings: bool = flag(False, "Also train the (tied) token embeddings / LM head: ~0.7B params on 4B.")
     freeze_vision: bool = flag(False, "Run the vision tower without gradients (needs lora_target=language-model).")
-    max_steps: int = flag(-1, "Stop after N optimizer steps (-1: use epochs).")
+    max_steps: int = flag(-1, "Stop after N optimizer steps (-1: use epochs).", min=1, off=-1)
     eval_fraction: float = flag(0.05, "Held-out share of the rows, for eval loss (0 disables eval; the tutorial held "
                                       "nothing out).", min=0, below=1)
     eval_steps: int | None = flag(None, "Evaluate every N steps (default: at each save).", min=1)
@@ -351,15 +353,22 @@ def apply_recipe(args: TrainArguments) -> None:
             setattr(args, name, value)
 
 
-def _range_problem(name: str, value: Any, rules: dict[str, Any]) -> str | None:
-    low, above, below = rules.get("min"), rules.get("above"), rules.get("below")
-    if value is None or (low is None and above is None):
+def range_text(rules: dict[str, Any]) -> str | None:
+    """A flag's range rules in words (">= 1", "> 0", "in [0, 1)", "-1 or >= 1"); None without rules."""
+    low, above, below, off = rules.get("min"), rules.get("above"), rules.get("below"), rules.get("off")
+    if low is None and above is None:
         return None
-    if low is not None and below is not None:
-        return None if low <= value < below else f"{name} must be in [{low}, {below})"
-    if above is not None:
-        return None if value > above else f"{name} must be > {above}"
-    return None if value >= low else f"{name} must be >= {low}"
+    text = f"in [{low}, {below})" if low is not None and below is not None else (
+        f"> {above}" if above is not None else f">= {low}")
+    return f"{off} or {text}" if off is not None else text
+
+
+def _range_problem(name: str, value: Any, rules: dict[str, Any]) -> str | None:
+    low, above, below, off = rules.get("min"), rules.get("above"), rules.get("below"), rules.get("off")
+    if value is None or (low is None and above is None) or (off is not None and value == off):
+        return None
+    ok = (low is None or value >= low) and (above is None or value > above) and (below is None or value < below)
+    return None if ok else f"{name} must be {range_text(rules)}"
 
 
 def validate_args(args: TrainArguments) -> None:

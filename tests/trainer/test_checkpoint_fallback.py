@@ -67,3 +67,34 @@ def test_a_broken_newest_checkpoint_falls_back_to_the_older_one(ray_cluster, tin
     assert sorted(losses) == list(range(1, STEPS + 1))  # every step once
     for step in range(SAVE_STEPS + 1, KILL_AFTER):  # retrained from step 2: the same losses as the first attempt
         assert losses[step] == pytest.approx(first_attempt[step], abs=RESUME_ATOL), step
+
+
+def test_a_torn_ray_snapshot_restarts_without_hand_repair(ray_cluster, tiny_model, cache_dir, tmp_path,
+                                                          capsys) -> None:
+    """#27.13: a torn checkpoint_manager_snapshot.json was a JSON traceback in the driver on every restart (and
+    Ray Train's own restore fails on it). The restart sets it aside and resumes the newest intact checkpoint
+    directory; Ray Train's new registry lists only the checkpoints written since."""
+    data = build_sample_dataset(tmp_path / "data", n_rows=N_ROWS, seed=0)
+    root = tmp_path / "storage"
+    flags = [*job_flags(tiny_model, data, cache_dir, str(root), 2 * SAVE_STEPS, run_name="torn"), "--eval_fraction=0",
+             "--sample_rows=0"]
+    with pytest.raises(Exception, match="(?i)fail|error"):
+        vision_train.main([*flags, "--max_failures=0"], callbacks=[KillWorkerAfterStep(SAVE_STEPS + 1)])
+    run = root / "runs" / "torn"
+    snapshot = run / "checkpoints" / "checkpoint_manager_snapshot.json"
+    snapshot.write_bytes(snapshot.read_bytes()[: snapshot.stat().st_size // 2])
+    capsys.readouterr()
+
+    summary = vision_train.main(flags)
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(f"resuming torn from step {SAVE_STEPS} (restart of this run: its newest checkpoint "
+                           f"{run / 'checkpoints' / f'checkpoint-{SAVE_STEPS:06d}'}; Ray Train's "
+                           "checkpoint_manager_snapshot.json is unusable (checkpoint_manager_snapshot.json: not valid "
+                           "JSON"), line
+    assert summary["completed"] is True and summary["global_step"] == 2 * SAVE_STEPS
+    assert summary["resumed_from_step"] == SAVE_STEPS
+    assert sorted(train_losses(run)) == list(range(1, 2 * SAVE_STEPS + 1))  # every step once
+    assert (run / "broken_checkpoints" / snapshot.name).is_file()
+    registered = registered_checkpoints(Storage(str(run)))
+    assert [step for step, _ in registered] == [2 * SAVE_STEPS]
+    assert all(checkpoint_problem(uri, None) is None for _, uri in registered)

@@ -100,3 +100,63 @@ def test_the_startup_split_of_a_torn_summary_is_one_sentence(tmp_path: Path, cap
     path.write_text('{"startup": {"driver_')
     assert startup_timing.main([str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"{path}: summary.json: not valid JSON")
+
+
+@pytest.mark.parametrize("manifest", ["as saved", "rewritten to match"])
+def test_a_torn_trainer_state_in_a_resume_from_directory_is_one_sentence(crashed, manifest: str) -> None:
+    """#27.13: a JSON traceback, and the run could not restart without hand repair. Torn after the save (its
+    manifest disagrees) or before (the manifest lists the torn bytes): either way the checkpoint does not load."""
+    import checkpoint_manifest
+    from flags import UsageError
+
+    root, data, run = crashed
+    directory = run / runs.CHECKPOINTS_DIR / "checkpoint-000004"
+    state = directory / runs.TRAINER_STATE_FILE
+    state.write_bytes(state.read_bytes()[:9])
+    if manifest == "rewritten to match":
+        (directory / checkpoint_manifest.MANIFEST_FILE).unlink()
+        (directory / checkpoint_manifest.MANIFEST_FILE).write_bytes(
+            checkpoint_manifest.manifest([checkpoint_manifest.entries(directory)], 4))
+        problem = f"{runs.TRAINER_STATE_FILE}: not valid JSON (torn or overwritten: "
+    else:
+        problem = f"{runs.TRAINER_STATE_FILE}: 9 bytes, its manifest says "
+    with pytest.raises(UsageError) as err:
+        plan(root, data, "--run_name=r2", f"--resume_from={directory}")
+    assert str(err.value).startswith(f"resume_from: checkpoint {directory} does not load ({problem}"), err.value
+    assert str(err.value).endswith("); name an intact one")
+
+
+def tear(snapshot: Path, damage: str) -> None:
+    raw = snapshot.read_bytes()
+    if damage == "cut short":
+        snapshot.write_bytes(raw[: len(raw) // 2])
+    else:  # JSON, but Ray's own load would fail: a result without its directory name
+        value = json.loads(raw)
+        del value["checkpoint_results"][0]["checkpoint_dir_name"]
+        snapshot.write_text(json.dumps(value))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a result without its name"])
+def test_a_torn_ray_snapshot_falls_back_to_the_checkpoints_listed_and_is_set_aside(crashed, damage: str) -> None:
+    """#27.13: a JSON traceback in the driver on every restart (and Ray's own restore fails on it too). The
+    driver lists the run's checkpoint directories instead, resumes the newest intact one, and sets the snapshot
+    aside so that Ray Train starts a new registry."""
+    root, data, run = crashed
+    checkpoints = run / runs.CHECKPOINTS_DIR
+    write_checkpoint(checkpoints / "checkpoint-000002", 2)
+    write_checkpoint(checkpoints / "checkpoint-000006", 6)
+    (checkpoints / "checkpoint-000006" / "optimizer.pt").unlink()  # broken: passed over
+    snapshot = checkpoints / runs.RAY_CHECKPOINT_SNAPSHOT
+    tear(snapshot, damage)
+    again = plan(root, data)
+    newest = checkpoints / "checkpoint-000004"
+    assert again.resume_checkpoint == str(newest)
+    assert again.log_line.startswith(
+        f"resuming r from step 4 (restart of this run: its newest intact checkpoint {newest}; "
+        f"{checkpoints / 'checkpoint-000006'} (optimizer.pt: missing (its manifest lists it)) does not load; Ray "
+        f"Train's {runs.RAY_CHECKPOINT_SNAPSHOT} is unusable ({runs.RAY_CHECKPOINT_SNAPSHOT}: "), again.log_line
+    assert again.log_line.endswith("): set aside, the run's checkpoint directories listed instead)")
+    runs.set_aside(again.storage, again)  # the driver, before Ray Train restores the run
+    assert not snapshot.exists() and (run / runs.BROKEN_DIR / runs.RAY_CHECKPOINT_SNAPSHOT).is_file()
+    assert not (checkpoints / "checkpoint-000006").exists()
+    assert runs.registered_checkpoints(again.storage) == []  # Ray Train starts a new registry

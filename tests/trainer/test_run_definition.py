@@ -175,3 +175,18 @@ def test_a_finished_run_without_checkpoints_names_only_a_new_run(tmp_path: Path)
     with pytest.raises(UsageError, match=r"^run r was started with other settings \(learning_rate 0\.005 → 0\.001\): "
                                          r"start a new run with --run_name=<new name>$"):
         plan(tmp_path / "storage", data, "--save_strategy=no", "--learning_rate=1e-3")
+
+
+@pytest.mark.parametrize(("old", "new", "shown"), [
+    ("/mnt/shared/models/gemma-3-4b-it/finetuned/products-2026-11-30-v1",
+     "/mnt/shared/models/gemma-3-4b-it/finetuned/products-2026-11-30-v2",
+     'model_id "…cts-2026-11-30-v1" → "…cts-2026-11-30-v2"'),
+    ("gs://team-bucket/models/gemma-3-4b-it/run-1/merged/with/a/long/common/tail",
+     "gs://team-bucket/models/gemma-3-4b-it/run-22/merged/with/a/long/common/tail",
+     'model_id "…mma-3-4b-it/run-1/merged/with/a/l…" → "…mma-3-4b-it/run-22/merged/with/a/l…"'),
+    ("google/gemma-3-4b-it", "google/gemma-3-12b-it", 'model_id "google/gemma-3-4b-it" → "google/gemma-3-12b-it"'),
+])
+def test_long_values_show_the_part_where_they_differ(old: str, new: str, shown: str) -> None:
+    """#27.13: values were cut to their first 40 characters, so two long paths that differ at the end read the
+    same in the refusal."""
+    assert run_definition.changes({"flags": {"model_id": old}}, {"flags": {"model_id": new}}) == [shown]

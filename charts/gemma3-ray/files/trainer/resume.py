@@ -16,7 +16,7 @@ from typing import Any
 
 import checkpoint_manifest
 from flags import UsageError
-from runs import TRAINER_STATE_FILE, registered_checkpoints
+from runs import TRAINER_STATE_FILE, run_checkpoints
 from storage import Storage, filesystem
 
 
@@ -71,7 +71,7 @@ def _candidates(config: dict[str, Any], storage: Storage) -> list[tuple[str, Any
         uri = storage.uri(*Path(newest.path).parts[-2:])  # checkpoints/checkpoint-NNNNNN under this run
         out.append((uri, newest))
         seen.add(uri)
-    for _, uri in reversed(registered_checkpoints(storage)):
+    for _, uri in reversed(run_checkpoints(storage)[0]):  # the driver set an unusable snapshot aside
         if uri not in seen:
             out.append((uri, at(uri)))
             seen.add(uri)
@@ -90,7 +90,7 @@ def choose_checkpoint(config: dict[str, Any], storage: Storage, stack: contextli
         if problem is None:
             stack.push(attempt.pop_all())
             resume.directory, resume.uri = str(directory), uri
-            resume.step = int(json.loads((directory / TRAINER_STATE_FILE).read_text())["global_step"])
+            resume.step = checkpoint_manifest.state_step((directory / TRAINER_STATE_FILE).read_bytes())  # verified
             break
         attempt.close()
         resume.broken.append({"checkpoint": uri, "problem": problem})

@@ -28,7 +28,9 @@ FORMAT = 1
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 HASH_CHUNK = 1 << 20
 SHOWN_CHANGES = 6
-SHOWN_VALUE_CHARS = 40
+SHOWN_VALUE_CHARS = 40  # a changed value longer than this shows only where it differs ...
+SHOWN_CONTEXT = 16  # ... with this many characters either side
+SHOWN_DIFF_CHARS = 80  # ... and at most this many of the differing part
 
 
 def _sha256(path: Path) -> str:
@@ -79,9 +81,25 @@ def definition(args: TrainArguments, emulator_host: str | None = None) -> dict[s
                                                        "identity": identity(files, args.dataset_name)}}
 
 
-def _shown(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= SHOWN_VALUE_CHARS else text[: SHOWN_VALUE_CHARS - 1] + "…\""
+def _shown(old: Any, new: Any) -> tuple[str, str]:
+    """Two differing values as JSON, short ones whole; of long ones the part where they differ, with
+    SHOWN_CONTEXT characters either side (`…` where cut): two long paths that differ at the end never read the
+    same."""
+    a, b = json.dumps(old), json.dumps(new)
+    if len(a) <= SHOWN_VALUE_CHARS and len(b) <= SHOWN_VALUE_CHARS:
+        return a, b
+    p = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    q = next((i for i, (x, y) in enumerate(zip(reversed(a[p:]), reversed(b[p:]), strict=False)) if x != y),
+             min(len(a), len(b)) - p)
+
+    def cut(text: str) -> str:
+        start = max(0, p - SHOWN_CONTEXT) if p - SHOWN_CONTEXT > 1 else 0  # never an ellipsis for the quote alone
+        end = min(len(text) - max(0, q - SHOWN_CONTEXT), p + SHOWN_DIFF_CHARS)
+        end = len(text) if end >= len(text) - 1 else end
+        quote = '"' if text.startswith('"') else ""
+        return (f"{quote}…" if start else "") + text[start:end] + (f"…{quote}" if end < len(text) else "")
+
+    return cut(a), cut(b)
 
 
 def changes(old: dict[str, Any], new: dict[str, Any], only: tuple[str, ...] | None = None) -> list[str]:
@@ -94,7 +112,7 @@ def changes(old: dict[str, Any], new: dict[str, Any], only: tuple[str, ...] | No
         if only is not None and name not in only:
             continue
         if old_flags.get(name) != new_flags.get(name):
-            out.append(f"{name} {_shown(old_flags.get(name))} → {_shown(new_flags.get(name))}")
+            out.append("{} {} → {}".format(name, *_shown(old_flags.get(name), new_flags.get(name))))
     if only is not None:
         return out
     old_files, new_files = old.get("data", {}).get("files", {}), new.get("data", {}).get("files", {})

@@ -10,7 +10,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import checkpoint_manifest
@@ -48,25 +47,75 @@ def new_run_name(root: Storage) -> str:
     return name
 
 
-def registered_checkpoints(run: Storage) -> list[tuple[int, str]]:
-    """(step, URI) of the checkpoints Ray Train registered for this run, oldest first.
+def _snapshot_consistent(value: dict[str, Any], at: str) -> str | None:
+    """Ray Train's own restore asserts these: one report index per result, one spec per pending result, and the
+    latest and pending results among the results."""
+    names = {r["checkpoint_dir_name"] for r in value["checkpoint_results"]}
+    latest = value.get("latest_checkpoint_result")
+    if len(value["checkpoint_results"]) != len(value["checkpoint_report_indices"]):
+        return "checkpoint_results and checkpoint_report_indices differ in length"
+    if len(value["pending_training_results"]) != len(value["pending_validation_specs"]):
+        return "pending_training_results and pending_validation_specs differ in length"
+    if latest and latest["checkpoint_dir_name"] not in names:
+        return f"latest_checkpoint_result {latest['checkpoint_dir_name']!r} is not among checkpoint_results"
+    stray = [r["checkpoint_dir_name"] for r in value["pending_training_results"] if r["checkpoint_dir_name"] not in names]
+    return f"pending result {stray[0]!r} is not among checkpoint_results" if stray else None
 
-    Ray Train lists them in its checkpoint-manager snapshot and restores the newest on a restart; a
-    directory it never registered (an upload cut short) is not a checkpoint.
-    """
-    raw = run.read_bytes(f"{CHECKPOINTS_DIR}/{RAY_CHECKPOINT_SNAPSHOT}")
-    if not raw:
-        return []
-    snapshot = json.loads(raw)
-    names = {r["checkpoint_dir_name"] for r in snapshot.get("checkpoint_results", [])}
-    if snapshot.get("latest_checkpoint_result"):
-        names.add(snapshot["latest_checkpoint_result"]["checkpoint_dir_name"])
+
+_RESULT = stored.fields({"checkpoint_dir_name": stored.TEXT, "metrics": stored.is_a(dict, "a JSON object")},
+                        {"version": stored.is_a(int, "an integer")})
+_NAMES = stored.each(stored.TEXT)
+# Ray Train 2.60's checkpoint-manager snapshot (ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py,
+# _CheckpointManagerState): every field its restore needs.
+SNAPSHOT = stored.both(stored.fields({
+    "checkpoint_results": stored.each(_RESULT), "checkpoint_report_indices": stored.each(stored.is_a(int, "an integer")),
+    "pending_training_results": stored.each(_RESULT), "pending_validation_specs": stored.each(stored.ANY),
+    "current_report_index": stored.is_a(int, "an integer"), "validated_checkpoint_dir_names": _NAMES,
+    "timed_out_validation_checkpoint_dir_names": _NAMES, "failed_validation_checkpoint_dir_names": _NAMES,
+}, {"latest_checkpoint_result": lambda v, at: None if v is None else _RESULT(v, at), "ray_version": stored.TEXT}),
+    _snapshot_consistent)
+
+
+def _by_step(run: Storage, names: set[str]) -> list[tuple[int, str]]:
     found = []
     for name in names:
         match = CHECKPOINT_NAME_PATTERN.fullmatch(name)
         if match:
             found.append((int(match.group(1)), int(match.group(2) or 0), run.uri(CHECKPOINTS_DIR, name)))
     return [(step, uri) for step, _, uri in sorted(found)]
+
+
+def registered_checkpoints(run: Storage) -> list[tuple[int, str]]:
+    """(step, URI) of the checkpoints Ray Train registered for this run, oldest first.
+
+    Ray Train lists them in its checkpoint-manager snapshot and restores the newest on a restart; a
+    directory it never registered (an upload cut short) is not a checkpoint. stored.Unusable when the
+    snapshot is torn or not what Ray Train writes (its own restore would fail on it).
+    """
+    snapshot, problem = stored.read(run.child(CHECKPOINTS_DIR), RAY_CHECKPOINT_SNAPSHOT, SNAPSHOT)
+    if problem:
+        raise stored.Unusable(problem)
+    return _by_step(run, {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}) if snapshot else []
+
+
+def run_checkpoints(run: Storage) -> tuple[list[tuple[int, str]], str | None]:
+    """(step, URI) of the run's checkpoints, oldest first: those Ray Train registered, or, when its snapshot is
+    unusable, the checkpoint directories in checkpoints/ (each verified by its manifest before use); and why
+    the snapshot is unusable (None when it is not)."""
+    try:
+        return registered_checkpoints(run), None
+    except stored.Unusable as e:
+        return _by_step(run, set(run.list_dir(CHECKPOINTS_DIR))), str(e)
+
+
+def set_aside(run: Storage, plan: RunPlan) -> None:
+    """Before Ray Train restores the run: an unusable snapshot moves to broken_checkpoints/ (Ray Train then starts a
+    new registry; the workers resume plan.resume_checkpoint), then the broken checkpoints are quarantined."""
+    if plan.snapshot_problem:
+        fs, base = run.fs()
+        fs.create_dir(f"{base}/{BROKEN_DIR}", recursive=True)
+        fs.move(f"{base}/{CHECKPOINTS_DIR}/{RAY_CHECKPOINT_SNAPSHOT}", f"{base}/{BROKEN_DIR}/{RAY_CHECKPOINT_SNAPSHOT}")
+    quarantine(run, plan.broken)
 
 
 def quarantine(run: Storage, broken: list[dict[str, str]]) -> None:
@@ -78,7 +127,12 @@ def quarantine(run: Storage, broken: list[dict[str, str]]) -> None:
     if not names:
         return
     rel = f"{CHECKPOINTS_DIR}/{RAY_CHECKPOINT_SNAPSHOT}"
-    snapshot = json.loads(run.read_bytes(rel) or b"{}")
+    raw = run.read_bytes(rel)
+    for name in sorted(names) if raw is None else []:  # no registry (set aside): only the directories move
+        run.move_dir(f"{CHECKPOINTS_DIR}/{name}", f"{BROKEN_DIR}/{name}")
+    if raw is None:
+        return
+    snapshot = json.loads(raw)  # checked by registered_checkpoints (SNAPSHOT) when the plan was made
     kept = [(r, i) for r, i in zip(snapshot.get("checkpoint_results", []),
                                    snapshot.get("checkpoint_report_indices", []), strict=True)
             if r["checkpoint_dir_name"] not in names]
@@ -102,11 +156,15 @@ def quarantine(run: Storage, broken: list[dict[str, str]]) -> None:
 
 
 def checkpoint_step(uri: str) -> int:
-    """The optimizer step of a checkpoint directory (its trainer_state.json)."""
+    """The optimizer step of a checkpoint directory (its trainer_state.json, checked)."""
     raw = storage_at(uri).read_bytes(TRAINER_STATE_FILE)
     if raw is None:
         raise UsageError(f"resume_from: {uri} is not a checkpoint (no {TRAINER_STATE_FILE} in it)")
-    return int(json.loads(raw)["global_step"])
+    try:
+        return checkpoint_manifest.state_step(raw)
+    except stored.Unusable as e:
+        problem = checkpoint_problem(uri, storage_at(uri).emulator_host) or str(e)  # the manifest's word first
+        raise UsageError(f"resume_from: checkpoint {uri} does not load ({problem}); name an intact one") from e
 
 
 def checkpoint_problem(uri: str, emulator_host: str | None) -> str | None:
@@ -153,6 +211,7 @@ class RunPlan:
     finished: dict[str, Any] | None  # the summary of a completed run (nothing to train)
     definition: dict[str, Any] | None = None  # what defines the run (run_definition.py), recorded at its start
     broken: list[dict[str, str]] = field(default_factory=list)  # the run's own broken checkpoints, to quarantine
+    snapshot_problem: str | None = None  # why Ray Train's snapshot is unusable: set aside before Ray restores the run
 
 
 SUMMARY = stored.fields({"completed": stored.FLAG, "global_step": stored.COUNT})  # what plan_run reads of it
@@ -176,8 +235,11 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
         notes.append(f"its {run_definition.DEFINITION_FILE} is unusable ({problem}): recorded again from this job's "
                      "settings")
     changed = run_definition.changes(old, new) if old is not None else []
+    own, snapshot_problem = run_checkpoints(run)
+    if snapshot_problem:
+        notes.append(f"Ray Train's {RAY_CHECKPOINT_SNAPSHOT} is unusable ({snapshot_problem}): set aside, the run's "
+                     "checkpoint directories listed instead")
     said = "".join(f"; {n}" for n in notes)
-    own = registered_checkpoints(run)
     finished = bool(summary and summary["completed"])
     if changed and (own or finished):  # a finished run too: its name never means other data or flags
         also = (f", or continue this run's checkpoint with the new settings with --run_name=<new name> "
@@ -190,21 +252,19 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
     if own:
         step, uri, broken, broken_uris = newest_intact(own, run.emulator_host, f"run {name}")
         newest = "newest intact" if broken else "newest"
-        return RunPlan(name, run, None, f"resuming {name} from step {step} (restart of this run: its {newest} "
-                                        f"checkpoint {uri}{broken}{said})", None, old or new,  # before #21: new
-                       broken_uris)
+        return RunPlan(name, run, uri if snapshot_problem else None,  # without a registry: the workers' start
+                       f"resuming {name} from step {step} (restart of this run: its {newest} checkpoint "
+                       f"{uri}{broken}{said})", None, old or new, broken_uris, snapshot_problem)  # old: before #21
     if args.resume_from:
         if is_checkpoint_path(args.resume_from):
-            uri = args.resume_from.rstrip("/")
-            if not uri.startswith("gs://"):
-                uri = str(Path(uri).resolve())
+            uri = args.resume_from  # one spelling (flags.PATH_FLAGS): absolute, or gs:// without a trailing /
             step = checkpoint_step(uri)
-            problem = checkpoint_problem(uri, storage_at(uri).emulator_host)
+            problem = checkpoint_problem(uri, storage_at(uri).emulator_host)  # the manifest, then its trainer state
             if problem:
                 raise UsageError(f"resume_from: checkpoint {uri} does not load ({problem}); name an intact one")
             broken = ""
         else:
-            other = registered_checkpoints(root.child(f"{RUNS_DIR}/{args.resume_from}"))
+            other, _ = run_checkpoints(root.child(f"{RUNS_DIR}/{args.resume_from}"))  # only read: nothing set aside
             if not other:
                 raise UsageError(f"resume_from={args.resume_from}: no checkpoint of that run under "
                                  f"{root.uri(RUNS_DIR, args.resume_from)}; runs there: {root.list_dir(RUNS_DIR)}")

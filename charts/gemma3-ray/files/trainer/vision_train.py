@@ -43,7 +43,7 @@ import stored
 from data import check_dataset_before_download
 from elastic import describe, ray_num_workers, run_shapes
 from flags import UsageError, extra_pip, parse_args
-from runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, quarantine
+from runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, set_aside
 from storage import storage_for
 from torch_backend import TorchBackendConfig
 from worker_runtime_env import worker_runtime_env
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)
     run_definition.write(storage, plan.definition)  # what defines the run, compared at every restart
-    quarantine(storage, plan.broken)  # Ray Train restores only intact checkpoints, retrains into fresh ones
+    set_aside(storage, plan)  # Ray Train restores only intact checkpoints (or none), retrains into fresh ones
     if storage.exists(USAGE_ERROR_FILE):  # from an earlier attempt of this run; the inputs may be fixed now
         fs.delete_file(f"{base}/{USAGE_ERROR_FILE}")
     trainer = DataParallelTrainer(

@@ -10,7 +10,7 @@ import shlex
 from typing import Any
 
 import pytest
-from gemma3_ray import machine_shapes
+from gemma3_ray.config import machine_shapes
 from helm_render import CHART, CI_VALUES_DIR, Render, helm_template
 from kueue_rules import QUEUE_LABEL, admission_errors, webhook_errors
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gemma3_ray import gpu_driver
+from gemma3_ray.gke import gpu_driver
 
 NEW_GKE = "1.33.5-gke.1080000"  # its COS image labels an R580 driver LATEST, R570 DEFAULT
 OLD_GKE = "1.31.6-gke.1020000"  # its COS image tops out at R570

@@ -7,9 +7,11 @@ import base64
 import time
 
 import pytest
-from gemma3_ray import cli, doctor, kuberay_crd
-from gemma3_ray.deployment import Overrides, resolve
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.deployment import Overrides, resolve
+from gemma3_ray.kube import kuberay_crd
+from gemma3_ray.release import doctor
 from kubernetes import client
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
@@ -88,7 +90,7 @@ def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) 
 def test_doctor_explains_each_failure_and_passes_once_fixed(
     gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
 ) -> None:
-    from gemma3_ray import gke_cluster
+    from gemma3_ray.gke import cluster as gke_cluster
 
     dep = resolve(Overrides(project=PROJECT, region=REGION, namespace="ml", cluster="trainers"), None, None)
     container = FakeContainer(PROJECT)
@@ -105,12 +107,12 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     assert "run `gemma3-ray prereqs --apply -n ml" in failing["Workload Identity binding"].detail
     assert "the chart creates it" in failing["KSA annotation"].detail
 
-    from gemma3_ray import commands
+    from gemma3_ray.cli import release_commands
 
     core.secrets[("ml", "hf-secret")] = client.V1Secret(data={"hf_api_token": "eA=="})
     core.service_accounts[("ml", "gemma3-ray")] = client.V1ServiceAccount(metadata=client.V1ObjectMeta(
         annotations={doctor.WI_ANNOTATION: dep.gsa_email}))
-    assert commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+    assert release_commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
     kube.api_ext = FakeApiExtensions.kuberay("v1.7.0")
     results = doctor.run_checks(dep, clients, kube)
     assert [c.line() for c in results if not c.ok] == []
@@ -121,25 +123,25 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
 
 
 def test_newest_checkpoint_on_fake_gcs(fake_gcs_factory) -> None:
-    from gemma3_ray import cluster
+    from gemma3_ray.gcp import run_reports
 
     url = fake_gcs_factory(REGION)
     storage = storage_client(url)
     bucket = storage.create_bucket("ckpt-bucket")
     prefix = "gemma3-ray/run1"
-    assert cluster.newest_checkpoint(storage, "ckpt-bucket", prefix) is None
+    assert run_reports.newest_checkpoint(storage, "ckpt-bucket", prefix) is None
     bucket.blob(f"{prefix}/metrics.jsonl").upload_from_string("{}\n")
     for step in (1, 2):
         bucket.blob(f"{prefix}/checkpoints/TorchTrainer_x/checkpoint_00000{step}/model.pt").upload_from_string("w")
         time.sleep(0.01)  # distinct write times (the server stamps them)
     bucket.blob("gemma3-ray/run2/checkpoints/checkpoint_000009/model.pt").upload_from_string("other run")
-    newest = cluster.newest_checkpoint(storage, "ckpt-bucket", prefix)
+    newest = run_reports.newest_checkpoint(storage, "ckpt-bucket", prefix)
     assert newest is not None
     assert newest.path == f"gs://ckpt-bucket/{prefix}/checkpoints/TorchTrainer_x/checkpoint_000002"
 
 
 def test_rayjob_state_reads_kuberay_status() -> None:
-    from gemma3_ray import cluster
+    from gemma3_ray.kube import cluster
 
     state = cluster.rayjob_state({"metadata": {"name": "t-gemma3-ray"}, "status": {
         "jobStatus": "RUNNING", "jobDeploymentStatus": "Running", "rayClusterName": "t-gemma3-ray-abcde",

@@ -9,8 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, image_build, render
-from gemma3_ray.deployment import Overrides, resolve
+from gemma3_ray import cli
+from gemma3_ray.config import render
+from gemma3_ray.config.deployment import Overrides, resolve
+from gemma3_ray.gcp import image_build
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
@@ -99,7 +101,7 @@ def test_values_without_image_drops_the_image_keys(monkeypatch: pytest.MonkeyPat
 def test_prereqs_lists_missing_permissions_and_refuses_before_any_change(
         gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from gemma3_ray import prereqs
+    from gemma3_ray.release import prereqs
 
     from tests.plugin.container_fakes import FakeResourceManager
 
@@ -120,8 +122,8 @@ def test_prereqs_lists_missing_permissions_and_refuses_before_any_change(
 
 
 def test_doctor_runs_the_permission_preflight(fake_iam: FakeIAM, fake_usage: FakeServiceUsage) -> None:
-    from gemma3_ray import doctor, prereqs
-    from gemma3_ray.gcp_clients import Clients
+    from gemma3_ray.config.clients import Clients
+    from gemma3_ray.release import doctor, prereqs
 
     from tests.plugin.container_fakes import FakeResourceManager
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gemma3_ray import doctor_gke, gke_cluster, gpu_driver
-from gemma3_ray.deployment import Overrides, resolve
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.deployment import Overrides, resolve
+from gemma3_ray.gke import cluster as gke_cluster
+from gemma3_ray.gke import gpu_driver
+from gemma3_ray.release import doctor_gke
 from google.cloud import container_v1 as gke
 
 from tests.plugin.conftest import PROJECT, REGION

@@ -5,7 +5,10 @@ bucket, its IAM policy and objects; the IAM fake for service accounts)."""
 from __future__ import annotations
 
 import pytest
-from gemma3_ray import cli, grants, names, prereqs
+from gemma3_ray import cli
+from gemma3_ray.gcp import grants
+from gemma3_ray.release import prereqs
+from gemma3_ray.utils import names
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage

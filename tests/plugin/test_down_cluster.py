@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.config.clients import Clients
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT
 from tests.plugin.kube_apiserver import kubectl, token_kubeconfig
@@ -133,7 +133,7 @@ def test_down_uninstalls_the_chart_and_waits_until_its_rayjobs_are_gone(
     on it and no operator to remove it (issue #19, failure 4), `down` never reports success: it names
     the RayJob and the command that clears it; after that command a second `down` finds nothing. The
     earlier chart's hook RayJob (named after the release, labelled with it) is deleted by `down` itself."""
-    from gemma3_ray import down
+    from gemma3_ray.release import down
 
     monkeypatch.setattr(down, "GONE_TIMEOUT_S", 3.0)
     monkeypatch.setattr(down, "GONE_POLL_S", 0.5)

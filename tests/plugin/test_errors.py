@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from gemma3_ray.errors import ApiDisabled, NotFound, PermissionDenied, translate
+from gemma3_ray.utils.errors import ApiDisabled, NotFound, PermissionDenied, translate
 from google.api_core import exceptions as gexc
 
 
@@ -41,7 +41,7 @@ def test_not_found_and_other_errors_are_one_sentence() -> None:
 def test_the_api_disabled_hint_names_only_real_commands() -> None:
     """Issue #12 (6): a hint names only commands and flags that exist (#19: `prereqs --apply` now does)."""
     from gemma3_ray import cli
-    from gemma3_ray.errors import api_disabled
+    from gemma3_ray.utils.errors import api_disabled
 
     for service in ("storage.googleapis.com", "serviceusage.googleapis.com"):
         text = str(api_disabled(service, "123"))

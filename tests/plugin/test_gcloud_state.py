@@ -6,8 +6,8 @@ import json
 import subprocess
 
 import pytest
-from gemma3_ray.errors import ConfigError
-from gemma3_ray.gcloud_state import read_gcloud_state
+from gemma3_ray.config.gcloud_state import read_gcloud_state
+from gemma3_ray.utils.errors import ConfigError
 
 from tests.plugin.conftest import GcloudHome
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import io
 
 import pytest
-from gemma3_ray import cli, gke_cluster
-from gemma3_ray.errors import UserError
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.gke import cluster as gke_cluster
+from gemma3_ray.utils.errors import UserError
 from google.cloud import container_v1 as gke
 
 from tests.plugin.conftest import PROJECT, PROJECT_NUMBER, REGION, GcloudHome

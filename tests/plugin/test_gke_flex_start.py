@@ -5,7 +5,8 @@ that lacks them), and the refusals made before any call."""
 from __future__ import annotations
 
 import pytest
-from gemma3_ray import cli, gke_cluster
+from gemma3_ray import cli
+from gemma3_ray.gke import cluster as gke_cluster
 from google.api_core import exceptions as gexc
 from google.cloud import container_v1 as gke
 

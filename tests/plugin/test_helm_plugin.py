@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gemma3_ray import names
+from gemma3_ray.utils import names
 
 from tests.plugin.conftest import ROOT, GcloudHome
 

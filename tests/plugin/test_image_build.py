@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, image_build
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.gcp import image_build
 from google.cloud import container_v1 as gke
 
 from tests.plugin.build_fakes import FakeArtifactRegistry, FakeCloudBuild
@@ -224,7 +225,7 @@ def test_grants_an_earlier_version_gave_the_nodes_account_are_revoked(
 ) -> None:
     """Earlier versions built as the Compute Engine default account, which often is the nodes' too: writer on
     the repository and objectAdmin on the staging bucket. Now the nodes' identity only reads the repository."""
-    from gemma3_ray import iam_policy
+    from gemma3_ray.gcp import iam_policy
 
     assert cli.main(["prereqs", "--apply", "--image", *BASE], cloud.clients()) == 0
     node = f"serviceAccount:{NODES}"
@@ -270,8 +271,8 @@ def test_missing_build_permissions_stop_it_before_the_upload(
 def test_doctor_checks_the_image_the_values_name(
     cloud: Cloud, source: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gemma3_ray import doctor_gke
-    from gemma3_ray.deployment import Overrides, resolve
+    from gemma3_ray.config.deployment import Overrides, resolve
+    from gemma3_ray.release import doctor_gke
 
     monkeypatch.setattr(image_build, "repo_root", lambda: source)
     dep = resolve(Overrides(project=PROJECT, region=REGION, cluster="trainers"), None, None)
@@ -311,9 +312,9 @@ def test_offline_plan_without_credentials(source: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.usefixtures("gcloud_home")
 def test_the_image_prerequisites_plan_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from gemma3_ray.artifact_registry import RegistryPrereqs
-    from gemma3_ray.deployment import Overrides, resolve
-    from gemma3_ray.prereqs import Plan
+    from gemma3_ray.config.deployment import Overrides, resolve
+    from gemma3_ray.gcp.artifact_registry import RegistryPrereqs
+    from gemma3_ray.utils.plan import Plan
 
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
     plan = Plan()
@@ -328,7 +329,7 @@ def test_the_image_prerequisites_plan_offline(monkeypatch: pytest.MonkeyPatch, t
 
 def test_an_autopilot_cluster_pulls_as_its_auto_provisioning_account(cloud: Cloud,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from gemma3_ray import gke_cluster
+    from gemma3_ray.gke import cluster as gke_cluster
 
     spec = gke_cluster.ClusterSpec(PROJECT, REGION, "auto", node_service_account=NODES.replace("nodes@", "auto-nodes@"))
     cloud.container.ready(REGION, gke_cluster.desired_cluster(spec))

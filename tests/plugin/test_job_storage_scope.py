@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from gemma3_ray.deployment import Overrides, resolve
-from gemma3_ray.gcp_clients import Clients
-from gemma3_ray.prereqs import Plan, Prereqs
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.deployment import Overrides, resolve
+from gemma3_ray.release.prereqs import Prereqs
+from gemma3_ray.utils.plan import Plan
 
 from tests.plugin.conftest import PROJECT, REGION, _fake_gcs_binary, _wait_http, free_port, storage_client
 

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gemma3_ray import kueue_check, kueue_setup, render
+from gemma3_ray.config import render
+from gemma3_ray.kueue import check as kueue_check
+from gemma3_ray.kueue import setup as kueue_setup
 from kubernetes import client, config
 
 from tests.plugin.kube_apiserver import kubectl

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gemma3_ray import kueue_objects as ko
-from gemma3_ray import kueue_setup
-from gemma3_ray.errors import UserError
+from gemma3_ray.cli import kueue_command
+from gemma3_ray.kueue import objects as ko
+from gemma3_ray.kueue import setup as kueue_setup
+from gemma3_ray.utils.errors import UserError
 
 from tests.plugin.kube_apiserver import kubectl
 
@@ -31,7 +32,7 @@ def _helm(monkeypatch: pytest.MonkeyPatch) -> None:
 def _args(kubeconfig: Path | None, ns: str, *values: Path, apply: bool = False, queued: bool = False,
           name: str = "team", jobs: int = 1) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    kueue_setup.register(parser.add_subparsers())
+    kueue_command.register(parser.add_subparsers())
     argv = ["kueue", "setup", "-n", ns, "--queue", name, "--cluster-queue", f"{name}-cq", "--jobs", str(jobs)]
     argv += [a for v in values for a in ("-f", str(v))]
     argv += ["--apply"] * apply + ["--queued"] * queued
@@ -137,7 +138,7 @@ def test_the_plan_works_without_a_cluster_and_apply_says_why_not() -> None:
 
 def test_the_queue_defaults_to_the_values_queue() -> None:
     parser = argparse.ArgumentParser()
-    kueue_setup.register(parser.add_subparsers())
+    kueue_command.register(parser.add_subparsers())
     args = parser.parse_args(["kueue", "setup", "-n", "ml", "-f", str(ROOT / "values" / "shared-cluster.yaml"),
                               "--kubeconfig", "/nonexistent/kubeconfig"])
     lines: list[str] = []

@@ -8,8 +8,9 @@ import webbrowser
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, run_reports
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.gcp import run_reports
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
 

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, status
-from gemma3_ray.deployment import Overrides, resolve
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.deployment import Overrides, resolve
+from gemma3_ray.release import status
 
 from tests.plugin.conftest import PROJECT, REGION, storage_client
 from tests.plugin.kube_apiserver import kubectl

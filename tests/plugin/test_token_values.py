@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, tokens
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.utils import tokens
 
 from tests.plugin.conftest import PROJECT, REGION
 from tests.plugin.kube_fakes import FakeCore

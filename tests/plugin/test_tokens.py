@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray.config.clients import Clients
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, storage_client
 from tests.plugin.container_fakes import FakeResourceManager
@@ -108,7 +108,7 @@ def test_token_from_a_file_and_from_stdin(gcs_iam_emulator: str, tmp_path: Path,
 
 def test_hints_keep_the_token_out_of_argv_and_history() -> None:
     """No message the plugin can print suggests `HF_TOKEN=... cmd` or a token as a flag value."""
-    sources = "".join(p.read_text() for p in (ROOT / "plugin" / "gemma3_ray").glob("*.py"))
+    sources = "".join(p.read_text() for p in (ROOT / "plugin" / "gemma3_ray").rglob("*.py"))
     sources += (ROOT / "plugin" / "README.md").read_text() + (ROOT / "README.md").read_text()
     assert "HF_TOKEN=..." not in sources and "HF_TOKEN=hf_" not in sources
     assert "read -s hf_" not in sources

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli, errors
-from gemma3_ray.gcp_clients import Clients
+from gemma3_ray import cli
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.utils import errors
 from google.api_core import exceptions as gexc
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT

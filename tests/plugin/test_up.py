@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gemma3_ray import cli, names
+from gemma3_ray import cli
+from gemma3_ray.utils import names
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder, storage_client
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
@@ -145,7 +146,7 @@ def test_up_waits_for_a_terminating_rayjob_of_the_release_and_names_its_finalize
     would apply the new revision's RayJob of the same name onto it, and it would then go with the
     deletion (seen with Helm 4.1.4 and 3.17.1). `up` waits for it, and with no operator to remove the
     finalizer stops, naming it and the command, before any change."""
-    from gemma3_ray import down
+    from gemma3_ray.release import down
 
     monkeypatch.setattr(down, "GONE_TIMEOUT_S", 3.0)
     monkeypatch.setattr(down, "GONE_POLL_S", 0.5)

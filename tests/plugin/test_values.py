@@ -12,10 +12,12 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from gemma3_ray import cli, machine_shapes, names
-from gemma3_ray.errors import InvalidName, MissingSetting, UserError
-from gemma3_ray.gcp_clients import Clients
-from gemma3_ray.kube_context import parse_gke_context
+from gemma3_ray import cli
+from gemma3_ray.config import machine_shapes
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.kube_context import parse_gke_context
+from gemma3_ray.utils import names
+from gemma3_ray.utils.errors import InvalidName, MissingSetting, UserError
 from google.cloud import compute_v1
 
 from tests.plugin.conftest import ROOT, GcloudHome
@@ -256,14 +258,15 @@ def test_up_renders_the_release_through_pyhelm3(major: str, gcloud_home: GcloudH
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """`up` hands the generated values to helm through pyhelm3; rendering the same call offline proves
     the values and the chart agree on every key (pyhelm3's template uses the same helm invocation)."""
-    from gemma3_ray import release, render
+    from gemma3_ray.config import render
+    from gemma3_ray.kube import helm_release
 
     gcloud_home.write("default", GCLOUD_PROPS, activate=True)
     path = tmp_path / "v.yaml"
     path.write_text(values(capsys, "--machine-type", "a3-megagpu-8g"))
     monkeypatch.setenv("HELM", HELMS[major])
     monkeypatch.delenv("HELM_BIN", raising=False)
-    objs = release.template(release.client(None, None), "t", release.chart_path(None), [render.load_plain(path)], "ml")
+    objs = helm_release.template(helm_release.client(None, None), "t", helm_release.chart_path(None), [render.load_plain(path)], "ml")
     kinds = {o["kind"] for o in objs}
     assert {"ServiceAccount", "RayJob"} <= kinds
     job = next(o for o in objs if o["kind"] == "RayJob")
@@ -401,7 +404,7 @@ def test_the_flag_checks_agree_with_the_charts_schema() -> None:
     for accel in machine_shapes.GPU_MEMORY_GB:
         assert pattern.match(machine_shapes.accelerator(accel))
     prefix = re.compile(schema["properties"]["storage"]["properties"]["prefix"]["pattern"])
-    from gemma3_ray import names
+    from gemma3_ray.utils import names
 
     for ok in ("gemma3-ray/r1", "a.b/c_d/e=f", "x"):
         assert prefix.match(names.prefix(ok))

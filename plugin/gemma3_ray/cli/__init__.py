@@ -1,0 +1,14 @@
+"""cli: the command line — ``gemma3-ray COMMAND`` and, as a Helm plugin, ``helm gemma3-ray COMMAND``.
+
+Owns: argument parsing with redacted errors and the entry point (``entry``), the plan-by-default
+``--apply`` convention (``apply_flag``), the bug report of an unexpected error (``bug_report``), and
+each command's flags and handler: prereqs, doctor, up, status, logs, down (``release_commands``);
+cluster create/delete/status and image build (``cluster_commands``); kueue setup
+(``kueue_command``); report (``report_command``). Nothing below imports the CLI.
+
+May import: utils, config, kube, gke, gcp, kueue, release.
+"""
+
+from gemma3_ray.cli.entry import build_parser, main, redact
+
+__all__ = ["build_parser", "main", "redact"]

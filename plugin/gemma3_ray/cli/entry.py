@@ -1,0 +1,176 @@
+"""Command-line entry point: `gemma3-ray COMMAND` and, as a Helm plugin, `helm gemma3-ray COMMAND`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gemma3_ray import __version__
+from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.deployment import from_args
+from gemma3_ray.utils import errors, tokens
+from gemma3_ray.utils.errors import EXIT_FAILURE, UserError
+
+Handler = Callable[[argparse.Namespace, Clients | None], int]
+
+DESCRIPTION = """\
+Fine-tune Gemma 3 with Ray on GKE: values for the gemma3-ray chart from your gcloud configuration,
+and the Google Cloud prerequisites Helm cannot create (bucket, service account, IAM, Workload Identity).
+
+Settings come from flags, else the GKE kube context (gke_PROJECT_LOCATION_NAME), else the active
+gcloud configuration ($CLOUDSDK_CONFIG or ~/.config/gcloud; --configuration picks another one).
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--hf-token`` is not ``--hf-token-from-env``), whose errors never
+    echo an argument's value (it may be a token typed by mistake). Sub-commands inherit the class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        super().error(tokens.scrub(redact(message, self._argv)))
+
+
+_MIN_REDACTED_LEN = 3
+
+
+def redact(message: str, argv: Sequence[str]) -> str:
+    """An argparse error without any value from the command line (flag names stay)."""
+    if message.startswith("unrecognized arguments:"):
+        flags = [t.split("=", 1)[0] for t in argv if t.startswith("-") and len(t) > 1
+                 and t.split("=", 1)[0] in message]
+        hint = ""
+        if any(f.startswith("--hf-token") for f in flags):
+            hint = "; pass the token with --hf-token-file - (typed without echo) or --hf-token-from-env VAR"
+        named = f" {', '.join(dict.fromkeys(flags))}" if flags else ""
+        return f"unrecognized arguments:{named} (values not shown){hint}"
+    message = re.sub(r"(invalid [\w ]+? value): .*$", r"\1 (the value is not shown)", message)
+    message = re.sub(r"invalid choice: .*? \(choose from", "invalid choice (not shown; choose from", message)
+    for token in argv:
+        value = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
+        if len(value) >= _MIN_REDACTED_LEN and not value.startswith("-") and value in message:
+            message = message.replace(value, "(value not shown)")
+    return message
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where (default: kube context, then gcloud configuration)")
+    g.add_argument("--project", help="Google Cloud project ID")
+    g.add_argument("--region", help="region of the cluster and the bucket (e.g. us-central1)")
+    g.add_argument("--zone", help="zone (for zonal reservations)")
+    g.add_argument("--cluster", help="GKE cluster name")
+    g.add_argument("--configuration", help="gcloud configuration to read instead of the active one")
+    g.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="kubeconfig file")
+    g.add_argument("--kube-context", default=os.environ.get("HELM_KUBECONTEXT") or None,
+                   help="kube context (default: the current one)")
+    g.add_argument("--no-kube-context", action="store_true", help="ignore the kube context")
+    n = p.add_argument_group("names")
+    n.add_argument("-n", "--namespace", help="Kubernetes namespace (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
+    n.add_argument("--release", help="Helm release name (default: gemma3-ray)")
+    n.add_argument("--bucket", help="bucket name, shared by the releases (default: PROJECT-gemma3-ray)")
+    n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/NAMESPACE/RELEASE)")
+    n.add_argument("--gsa-name", help="Google service account ID (default: g3r-RELEASE-HASH, one per namespace/release)")
+    n.add_argument("--ksa", help="Kubernetes service account (default: the chart's, the release's full name)")
+    n.add_argument("--hf-secret", help="Secret holding the Hugging Face token (default: hf-secret)")
+    n.add_argument("--hf-secret-key", help="key in that Secret (default: hf_api_token)")
+    s = p.add_argument_group("machine shape")
+    s.add_argument("--machine-type", help="GPU machine type, e.g. a3-ultragpu-8g")
+    s.add_argument("--reservation", help="reservation NAME or projects/P/reservations/NAME, either optionally "
+                   "ending in /reservationBlocks/BLOCK (read via the Compute API in --zone)")
+    s.add_argument("--accelerator", help="GKE accelerator label, with --gpus-per-node, for shapes not listed")
+    s.add_argument("--gpus-per-node", type=int, help="GPUs per node (1, 2, 4 or 8), with --accelerator")
+    s.add_argument("--replicas", type=int, help="GPU worker nodes (default: 1)")
+
+
+def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
+    from gemma3_ray.config import render
+    from gemma3_ray.gcp import image_build
+
+    dep, clients = from_args(args, clients)
+    extra = image_build.values(dep, clients) if args.image else []
+    if args.output:
+        path = Path(args.output)
+        text = render.render(dep, render.load(path), extra)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        print(f"wrote {tokens.shown(path)}", file=sys.stderr)
+    else:
+        sys.stdout.write(render.render(dep, extra=extra))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="gemma3-ray", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("values", help="write a values file for the chart from gcloud state")
+    _add_common(p)
+    p.add_argument("-o", "--output", help="values file to write; an existing one is updated in place "
+                   "(its comments, order and other keys kept). Default: stdout")
+    p.add_argument("--image", action="store_true", help="also the training image built by `image build` for these "
+                   "sources (an error if it is not built); without it, image keys an earlier --image wrote are removed")
+    p.set_defaults(handler=cmd_values)
+    _register_more(sub)
+    return parser
+
+
+def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The commands that talk to Google Cloud and the cluster (defined in their own modules)."""
+    from gemma3_ray.cli import cluster_commands, kueue_command, release_commands, report_command
+
+    release_commands.register(sub, _add_common)
+    cluster_commands.register(sub, _add_common)
+    report_command.register(sub, _add_common)
+    kueue_command.register(sub)
+
+
+def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:
+    # Libraries' log lines (pyhelm3's "command failed", the kubernetes client's exec-plugin errors on the root
+    # logger) never reach the terminal: every outcome is said once, as a sentence.
+    logging.getLogger().addHandler(logging.NullHandler())
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args, clients)
+    except UserError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        print("gemma3-ray: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:  # every other error: a connection error in one sentence, else a bug
+        net = errors.unreachable(exc)
+        if net is not None:
+            return _fail(str(net), EXIT_FAILURE)
+        from gemma3_ray.cli import bug_report
+
+        try:
+            path = bug_report.write(exc, list(sys.argv[1:] if argv is None else argv))
+        except OSError:
+            path = None
+        return _fail(bug_report.sentence(exc, path), errors.EXIT_BUG)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"gemma3-ray: error: {tokens.scrub(message)}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

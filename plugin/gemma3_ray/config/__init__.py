@@ -1,0 +1,10 @@
+"""config: what a command works on, resolved from the local machine before any change is made.
+
+Owns: the gcloud configuration read from its files (``gcloud_state``), the kube context
+(``kube_context``), the machine shape of a machine type or reservation (``machine_shapes``; the one
+API call here reads a ``--reservation`` through the client it is given), the ``Deployment`` resolved
+from flags > kube context > gcloud configuration (``deployment``), the lazily made Google Cloud
+clients (``clients``), and the chart's values file (``render``).
+
+May import: utils.
+"""

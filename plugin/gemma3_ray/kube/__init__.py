@@ -1,0 +1,9 @@
+"""kube: the Kubernetes cluster, through the ``kubernetes`` client and the ``helm`` binary.
+
+Owns: objects inside the cluster — the HF token Secret, the RayJob, its driver log, the Ray
+dashboard through the API server, CRD reads (``cluster``); the Helm release: template,
+upgrade --install, uninstall (``helm_release``); which RayJob fields the installed KubeRay CRD knows
+(``kuberay_crd``).
+
+May import: utils, config.
+"""

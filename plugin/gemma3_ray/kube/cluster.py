@@ -1,0 +1,212 @@
+"""Inside the cluster, through the ``kubernetes`` client: the HF Secret, the RayJob, its driver log, the CRDs."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gemma3_ray.utils.errors import ClusterError, MissingBinary, UserError
+
+RAY_GROUP = "ray.io"
+RAY_VERSION = "v1"
+RAYJOB_PLURAL = "rayjobs"
+RAYJOB_CRD = "rayjobs.ray.io"
+RAYCLUSTER_CRD = "rayclusters.ray.io"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+DASHBOARD_PORT = 8265
+HTTP_NOT_FOUND = 404
+HTTP_FORBIDDEN = 403
+HTTP_UNAUTHORIZED = 401
+
+
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    _check_credential_plugin(kubeconfig, context)
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context)
+    except (ConfigException, FileNotFoundError) as exc:
+        raise ClusterError(
+            f"No usable kube context ({exc}): run `gcloud container clusters get-credentials CLUSTER --location "
+            "LOCATION` or pass --kubeconfig / --kube-context."
+        ) from exc
+    return client
+
+
+def _check_credential_plugin(kubeconfig: str | None, context: str | None) -> None:
+    """The kube context's exec credential plugin (GKE: gke-gcloud-auth-plugin) must be on PATH: the kubernetes
+    client only logs its absence and then talks to the cluster without credentials."""
+    import os
+    import shutil
+
+    import yaml
+
+    path = Path(kubeconfig or (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]).expanduser()
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        name = context or doc.get("current-context")
+        ctx = next(c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == name)
+        user = next(u.get("user") or {} for u in doc.get("users") or [] if u.get("name") == ctx.get("user"))
+        command = str((user.get("exec") or {}).get("command") or "")
+    except (OSError, yaml.YAMLError, StopIteration, AttributeError, TypeError):
+        return  # the kubernetes client reports an unreadable kubeconfig itself
+    if command and shutil.which(command) is None:
+        hint = ("install it with `gcloud components install gke-gcloud-auth-plugin` (or your package manager's "
+                "google-cloud-cli-gke-gcloud-auth-plugin)") if "gke-gcloud-auth-plugin" in command else "install it"
+        raise MissingBinary(f"The kube context's credential plugin {command} is not on PATH: {hint}, then run this "
+                            "again.")
+
+
+def core_v1(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    return load_config(kubeconfig, context).CoreV1Api()
+
+
+def _api_error(exc: Exception, what: str) -> UserError:
+    status = getattr(exc, "status", None)
+    if status == HTTP_UNAUTHORIZED:
+        return ClusterError(f"The cluster refused your credentials (401) when asked to {what}: refresh them with "
+                            "`gcloud auth login` and `gcloud container clusters get-credentials CLUSTER --location "
+                            "LOCATION`, then run this again.")
+    if status == HTTP_FORBIDDEN:
+        return ClusterError(f"The cluster forbids you to {what}: ask for a Role that allows it in this namespace.")
+    return ClusterError(f"Could not {what}: {getattr(exc, 'reason', None) or exc}.")
+
+
+api_error = _api_error
+
+
+def delete_rayjob(custom: Any, namespace: str, name: str) -> None:
+    """Delete one RayJob (already gone is fine)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        custom.delete_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name,
+                                               propagation_policy="Background")
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return
+        raise _api_error(exc, f"delete RayJob {namespace}/{name}") from None
+
+
+def read_secret(core: Any, namespace: str, name: str) -> Any | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return core.read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return None
+        raise _api_error(exc, f"read Secret {namespace}/{name}") from exc
+
+
+def put_secret(core: Any, namespace: str, name: str, key: str, value: str, labels: dict[str, str]) -> None:
+    """Create or replace an Opaque Secret holding ``value`` under ``key`` (value never logged)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels),
+        type="Opaque",
+        data={key: base64.b64encode(value.encode()).decode()},
+    )
+    try:
+        core.create_namespaced_secret(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:  # noqa: PLR2004 - exists: replace below
+            raise _api_error(exc, f"create Secret {namespace}/{name}") from None
+        try:
+            core.replace_namespaced_secret(name, namespace, body)
+        except ApiException as exc2:
+            raise _api_error(exc2, f"update Secret {namespace}/{name}") from None
+
+
+@dataclass(frozen=True)
+class RayJobState:
+    name: str
+    job_status: str
+    deployment_status: str
+    message: str
+    ray_cluster: str
+    job_id: str
+    dashboard_url: str
+
+
+def rayjob_state(obj: dict[str, Any]) -> RayJobState:
+    status = obj.get("status") or {}
+    return RayJobState(
+        name=obj["metadata"]["name"],
+        job_status=status.get("jobStatus") or "PENDING",
+        deployment_status=status.get("jobDeploymentStatus") or "New",
+        message=status.get("message") or "",
+        ray_cluster=status.get("rayClusterName") or "",
+        job_id=status.get("jobId") or "",
+        dashboard_url=status.get("dashboardURL") or "",
+    )
+
+
+def find_rayjob(custom: Any, namespace: str, release: str) -> dict[str, Any]:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        items = custom.list_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, label_selector=f"{INSTANCE_LABEL}={release}"
+        ).get("items", [])
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            raise ClusterError("The RayJob CRD is not installed: install the KubeRay operator first "
+                               "(see `gemma3-ray doctor`).") from None
+        raise _api_error(exc, f"list RayJobs in {namespace}") from None
+    if not items:
+        raise ClusterError(f"No RayJob of release {release!r} in namespace {namespace}: run `gemma3-ray up` "
+                           "or `helm install` first.")
+    return max(items, key=lambda o: o["metadata"].get("creationTimestamp") or "")
+
+
+def dashboard_job(core: Any, namespace: str, ray_cluster: str, job_id: str) -> dict[str, Any] | None:
+    """The Ray dashboard's view of the job, through the API server's service proxy (None if unreachable)."""
+    if not (ray_cluster and job_id):
+        return None
+    try:
+        raw = core.connect_get_namespaced_service_proxy_with_path(
+            f"{ray_cluster}-head-svc:{DASHBOARD_PORT}", namespace, f"api/jobs/{job_id}")
+    except Exception:
+        return None
+    try:
+        return json.loads(raw) if isinstance(raw, str) else dict(raw)
+    except (ValueError, TypeError):
+        return None
+
+
+def driver_log(core: Any, namespace: str, rayjob: str, follow: bool) -> Iterator[str]:
+    """The driver's output: KubeRay's submitter Job (named after the RayJob) runs `ray job submit` and
+    follows the driver log, so its pod log is the driver log."""
+    from kubernetes.client.exceptions import ApiException
+
+    pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={rayjob}").items
+    if not pods:
+        raise ClusterError(f"The submitter pod of RayJob {rayjob} does not exist yet: wait for the Ray cluster "
+                           "to start (`gemma3-ray status`).")
+    pod = max(pods, key=lambda p: p.metadata.creation_timestamp or 0)
+    try:
+        resp = core.read_namespaced_pod_log(pod.metadata.name, namespace, follow=follow, _preload_content=False)
+        for chunk in resp.stream():
+            yield chunk.decode(errors="replace")
+    except ApiException as exc:
+        raise _api_error(exc, f"read the log of pod {namespace}/{pod.metadata.name}") from None
+
+
+def crd(api_ext: Any, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        obj = api_ext.read_custom_resource_definition(name)
+    except ApiException as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return None
+        raise _api_error(exc, f"read CRD {name}") from None
+    return obj if isinstance(obj, dict) else api_ext.api_client.sanitize_for_serialization(obj)

@@ -1,0 +1,227 @@
+"""What Kueue counts for a rendered RayJob, and the Kueue objects (v1beta2) an admin makes for it.
+
+Kueue v0.19.2 makes one Workload per RayJob with a pod set for the head, one per worker group
+(replicas x numOfHosts pods) and, in K8sJobMode, one for the submitter
+(pkg/controller/jobs/rayjob/rayjob_controller.go ``PodSets``; KubeRay's default submitter resources
+when the RayJob has no submitterPodTemplate). A pod counts the sum of its containers' requests (a
+limit stands in for a missing request, as the API server defaults it), at least its largest init
+container. Every requested resource must be covered by the ClusterQueue, or Kueue cannot admit it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from gemma3_ray.utils import names
+
+API_VERSION = "kueue.x-k8s.io/v1beta2"
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+GPU = "nvidia.com/gpu"
+OWNER_LABEL = "app.kubernetes.io/managed-by"
+OWNER = f"{names.PRODUCT}-kueue-setup"
+PROVISIONING_CLASS = "queued-provisioning.gke.io"  # GKE's class for flex-start with queued provisioning
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+# KubeRay's submitter defaults (ray-operator/controllers/ray/common/job.go), as Kueue mirrors them.
+DEFAULT_SUBMITTER_REQUESTS = {"cpu": "500m", "memory": "200Mi"}
+# The node labels that tell GPU pools apart (the chart's worker nodeSelector sets them).
+FLAVOR_LABEL_KEYS = ("cloud.google.com/gke-accelerator", "cloud.google.com/gke-flex-start",
+                     "cloud.google.com/gke-spot", "cloud.google.com/reservation-name")
+GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}  # GKE taints every GPU node so
+QUEUED_TAINT = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
+SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
+
+_QUANTITY = re.compile(r"^(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|)$")
+_SUFFIX = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("0.001"), "k": 10**3, "M": 10**6,
+           "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+           "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity(text: Any) -> Decimal:
+    """A Kubernetes quantity ("24", "500m", "64Gi", 8) as a number of units."""
+    m = _QUANTITY.match(str(text).strip())
+    if not m:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    return Decimal(m["num"]) * Decimal(_SUFFIX[m["suffix"]])
+
+
+def format_quantity(value: Decimal) -> str:
+    """The shortest exact text of a quantity: whole numbers bare, CPU in m, bytes in Gi/Mi/Ki."""
+    if value == value.to_integral_value():
+        n = int(value)
+        for suffix in ("Ti", "Gi", "Mi", "Ki"):
+            unit = _SUFFIX[suffix]
+            if n >= unit and n % unit == 0:
+                return f"{n // unit}{suffix}"
+        return str(n)
+    milli = value * 1000
+    if milli == milli.to_integral_value():
+        return f"{int(milli)}m"
+    return f"{int((value * 10**9).to_integral_value())}n"
+
+
+Demand = dict[str, Decimal]
+
+
+def pod_requests(template: dict[str, Any]) -> Demand:
+    spec = template.get("spec") or {}
+
+    def of(container: dict[str, Any]) -> Demand:
+        res = container.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: quantity(v) for k, v in merged.items()}
+
+    total: Demand = {}
+    for c in spec.get("containers") or []:
+        for k, v in of(c).items():
+            total[k] = total.get(k, Decimal(0)) + v
+    for c in spec.get("initContainers") or []:
+        for k, v in of(c).items():
+            total[k] = max(total.get(k, Decimal(0)), v)
+    return total
+
+
+@dataclass(frozen=True)
+class PodSet:
+    name: str
+    count: int
+    requests: Demand
+    node_selector: dict[str, str] = field(default_factory=dict)
+
+    def total(self) -> Demand:
+        return {k: v * self.count for k, v in self.requests.items()}
+
+
+def pod_sets(rayjob: dict[str, Any]) -> list[PodSet]:
+    """The pod sets of the Workload Kueue makes for this RayJob (inline cluster spec only)."""
+    spec = rayjob["spec"]
+    cluster = spec.get("rayClusterSpec")
+    if not cluster:
+        raise ValueError("the RayJob has no rayClusterSpec (persistent mode): Kueue does not queue it")
+    head = cluster["headGroupSpec"]["template"]
+    out = [PodSet("head", 1, pod_requests(head), (head.get("spec") or {}).get("nodeSelector") or {})]
+    for g in cluster.get("workerGroupSpecs") or []:
+        count = int(g.get("replicas", 1)) * max(int(g.get("numOfHosts", 1)), 1)
+        out.append(PodSet(g["groupName"].lower(), count, pod_requests(g["template"]),
+                          (g["template"].get("spec") or {}).get("nodeSelector") or {}))
+    if spec.get("submissionMode", "K8sJobMode") == "K8sJobMode":
+        sub = spec.get("submitterPodTemplate")
+        requests = pod_requests(sub) if sub else {k: quantity(v) for k, v in DEFAULT_SUBMITTER_REQUESTS.items()}
+        out.append(PodSet("submitter", 1, requests))
+    return out
+
+
+def add(*demands: Demand) -> Demand:
+    total: Demand = {}
+    for d in demands:
+        for k, v in d.items():
+            total[k] = total.get(k, Decimal(0)) + v
+    return total
+
+
+def describe(demand: Demand) -> str:
+    return ", ".join(f"{k} {format_quantity(v)}" for k, v in sorted(demand.items()) if v) or "nothing"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The objects for one namespace's queue: names, what one job needs, how many jobs at once."""
+
+    namespace: str
+    queue: str
+    cluster_queue: str
+    sets: tuple[PodSet, ...]
+    capacity: str = "none"  # the chart's capacity.type
+    jobs: int = 1
+
+    @property
+    def gpu_sets(self) -> list[PodSet]:
+        return [s for s in self.sets if s.requests.get(GPU)]
+
+    @property
+    def cpu_sets(self) -> list[PodSet]:
+        return [s for s in self.sets if not s.requests.get(GPU)]
+
+    @property
+    def gpu_flavor(self) -> str:
+        return f"{self.cluster_queue}-gpu"
+
+    @property
+    def cpu_flavor(self) -> str:
+        return f"{self.cluster_queue}-cpu" if self.gpu_sets else self.cluster_queue
+
+    @property
+    def check(self) -> str:
+        return f"{self.cluster_queue}-queued-provisioning"
+
+    @property
+    def queued(self) -> bool:
+        return self.capacity == "queued"
+
+    def covered(self) -> list[str]:
+        return sorted({k for s in self.sets for k in s.requests})
+
+    def quota(self, sets: list[PodSet]) -> list[dict[str, Any]]:
+        total = add(*(s.total() for s in sets))
+        return [{"name": r, "nominalQuota": format_quantity(total.get(r, Decimal(0)) * self.jobs)} for r in self.covered()]
+
+    def flavor_labels(self) -> dict[str, str]:
+        labels: dict[str, str] = {}
+        for s in self.gpu_sets:
+            labels.update({k: v for k, v in s.node_selector.items() if k in FLAVOR_LABEL_KEYS})
+        return labels
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": {OWNER_LABEL: OWNER}}
+    if namespace:
+        meta["namespace"] = namespace
+    return meta
+
+
+def objects(setup: Setup) -> list[dict[str, Any]]:
+    """ResourceFlavors, (ProvisioningRequestConfig, AdmissionCheck), ClusterQueue, LocalQueue, in apply order."""
+    out: list[dict[str, Any]] = []
+    flavors: list[dict[str, Any]] = []
+    if setup.gpu_sets:
+        taints = [GPU_TAINT] + ([QUEUED_TAINT] if setup.queued else []) + ([SPOT_TAINT] if setup.capacity == "spot" else [])
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.gpu_flavor),
+                    "spec": {"nodeLabels": setup.flavor_labels(), "nodeTaints": taints}})
+        flavors.append({"name": setup.gpu_flavor, "resources": setup.quota(setup.gpu_sets)})
+    out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.cpu_flavor), "spec": {}})
+    flavors.append({"name": setup.cpu_flavor, "resources": setup.quota(setup.cpu_sets)})
+    cq_spec: dict[str, Any] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": setup.namespace}},
+        "resourceGroups": [{"coveredResources": setup.covered(), "flavors": flavors}],
+    }
+    if setup.queued:
+        out.append({"apiVersion": API_VERSION, "kind": "ProvisioningRequestConfig", "metadata": _meta(setup.check),
+                    "spec": {"provisioningClassName": PROVISIONING_CLASS, "managedResources": [GPU]}})
+        out.append({"apiVersion": API_VERSION, "kind": "AdmissionCheck", "metadata": _meta(setup.check),
+                    "spec": {"controllerName": PROVISIONING_CONTROLLER, "parameters": {
+                        "apiGroup": GROUP, "kind": "ProvisioningRequestConfig", "name": setup.check}}})
+        cq_spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": setup.check, "onFlavors": [setup.gpu_flavor]}]}
+    out.append({"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": _meta(setup.cluster_queue), "spec": cq_spec})
+    out.append({"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": _meta(setup.queue, setup.namespace),
+                "spec": {"clusterQueue": setup.cluster_queue}})
+    return out
+
+
+PLURALS = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
+           "ProvisioningRequestConfig": "provisioningrequestconfigs", "AdmissionCheck": "admissionchecks",
+           "Workload": "workloads", "WorkloadPriorityClass": "workloadpriorityclasses"}
+
+
+def contains(live: Any, want: Any) -> bool:
+    """Whether ``live`` has every field of ``want`` with the same value (server defaults ignored)."""
+    if isinstance(want, dict):
+        return isinstance(live, dict) and all(contains(live.get(k), v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(live, list) and len(live) == len(want) and all(contains(a, b) for a, b in zip(live, want, strict=True))
+    if isinstance(want, str) and isinstance(live, str | int) and _QUANTITY.match(want) and _QUANTITY.match(str(live)):
+        return quantity(live) == quantity(want)
+    return bool(live == want)

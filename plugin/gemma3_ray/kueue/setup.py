@@ -1,0 +1,211 @@
+"""`kueue setup`: plan (default) or apply (--apply) the Kueue objects an admin makes for a namespace.
+
+`kueue setup`: plan (default) or apply (--apply) the Kueue objects a platform admin makes for this
+chart's releases in a namespace: ResourceFlavors of the GPU pool (and the CPU nodes of the head), a
+ClusterQueue with quota for the rendered job, the namespace's LocalQueue and, for queued
+provisioning, the ProvisioningRequestConfig and AdmissionCheck.
+
+Idempotent: an object already as wanted is left alone. Objects carry the ownership label
+``app.kubernetes.io/managed-by=gemma3-ray-kueue-setup``; a same-named object without it is never
+changed (the plan refuses before anything is applied).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gemma3_ray.kueue import objects as ko
+from gemma3_ray.utils import names
+from gemma3_ray.utils.errors import EXIT_USAGE, ClusterError, UserError
+from gemma3_ray.utils.plan import Action, Plan
+
+Out = Callable[[str], None]
+HTTP_NOT_FOUND = 404
+DEFAULT_QUEUE = names.PRODUCT
+
+
+class ForeignObject(UserError):
+    """A same-named Kueue object exists that `kueue setup` did not create."""
+
+    exit_code = EXIT_USAGE
+
+
+def _where(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']} {meta['namespace'] + '/' if meta.get('namespace') else ''}{meta['name']}"
+
+
+class Api:
+    """Kueue objects through ``kubernetes.client.CustomObjectsApi``."""
+
+    def __init__(self, custom: Any) -> None:
+        self.custom = custom
+
+    def _args(self, obj: dict[str, Any]) -> tuple[Any, ...]:
+        return ko.GROUP, ko.VERSION, ko.PLURALS[obj["kind"]]
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        meta = obj["metadata"]
+        try:
+            if meta.get("namespace"):
+                return self.custom.get_namespaced_custom_object(ko.GROUP, ko.VERSION, meta["namespace"],
+                                                                ko.PLURALS[obj["kind"]], meta["name"])
+            return self.custom.get_cluster_custom_object(*self._args(obj), meta["name"])
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                if "page not found" in str(exc.body or "").lower() or "404 page" in str(exc.body or ""):
+                    raise ClusterError(f"Kueue's CRDs are not installed ({obj['kind']}): install Kueue first "
+                                       "(https://kueue.sigs.k8s.io/docs/installation/).") from None
+                return None
+            raise _error(exc, f"read {_where(obj)}") from None
+
+    def create(self, obj: dict[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        meta = obj["metadata"]
+        try:
+            if meta.get("namespace"):
+                self.custom.create_namespaced_custom_object(ko.GROUP, ko.VERSION, meta["namespace"],
+                                                            ko.PLURALS[obj["kind"]], obj)
+            else:
+                self.custom.create_cluster_custom_object(*self._args(obj), obj)
+        except ApiException as exc:
+            raise _error(exc, f"create {_where(obj)}") from None
+
+    def patch(self, obj: dict[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        meta = obj["metadata"]
+        body = {"metadata": {"labels": meta["labels"]}, "spec": obj["spec"]}
+        try:
+            if meta.get("namespace"):
+                self.custom.patch_namespaced_custom_object(ko.GROUP, ko.VERSION, meta["namespace"],
+                                                           ko.PLURALS[obj["kind"]], meta["name"], body)
+            else:
+                self.custom.patch_cluster_custom_object(*self._args(obj), meta["name"], body)
+        except ApiException as exc:
+            raise _error(exc, f"update {_where(obj)}") from None
+
+
+def _error(exc: Any, what: str) -> UserError:
+    from gemma3_ray.kube.cluster import api_error
+
+    reason = ""
+    try:
+        import json
+
+        reason = json.loads(exc.body).get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        pass
+    if reason and getattr(exc, "status", None) not in (401, 403):
+        return ClusterError(f"Could not {what}: {reason}.")
+    return api_error(exc, what)
+
+
+def owned(live: dict[str, Any]) -> bool:
+    return ((live.get("metadata") or {}).get("labels") or {}).get(ko.OWNER_LABEL) == ko.OWNER
+
+
+def plan(api: Api | None, wanted: list[dict[str, Any]]) -> Plan:
+    """What to create or update; refuses (ForeignObject) a same-named object it did not create."""
+    p = Plan()
+    for obj in wanted:
+        text = _where(obj)
+        if api is None:
+            p.actions.append(Action(f"create {text}  [not checked]", lambda: None))
+            continue
+        live = api.get(obj)
+        if live is None:
+            p.actions.append(Action(f"create {text}", lambda o=obj: api.create(o)))
+        elif not owned(live):
+            raise ForeignObject(f"{text} exists and was not created by `{names.PRODUCT} kueue setup` (no label "
+                                f"{ko.OWNER_LABEL}={ko.OWNER}): nothing was changed; pick other names (--queue, "
+                                "--cluster-queue) or let its owner change it.")
+        elif ko.contains(live.get("spec") or {}, obj["spec"]):
+            p.in_place.append(f"{text} (as wanted)")
+        else:
+            p.actions.append(Action(f"update {text}", lambda o=obj: api.patch(o)))
+    return p
+
+
+def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
+    namespace = args.namespace or "default"
+    names.dns_label("namespace", namespace, "--namespace")
+    queue = rayjob["metadata"]["labels"][ko.QUEUE_LABEL]
+    cluster_queue = args.cluster_queue or queue
+    for flag, value in (("--queue", queue), ("--cluster-queue", cluster_queue)):
+        names.dns_label("queue", value, flag)
+    if args.jobs < 1:
+        raise UserError("--jobs must be at least 1 (how many such jobs the queue admits at once).")
+    return ko.Setup(namespace=namespace, queue=queue, cluster_queue=cluster_queue,
+                    sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=args.jobs)
+
+
+def _last(values: list[dict[str, Any]], section: str, key: str) -> Any:
+    return next((v[section][key] for v in reversed(values) if isinstance(v.get(section), dict) and v[section].get(key)), None)
+
+
+def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The RayJob the chart renders from these values (with this queue), and its capacity.type."""
+    from gemma3_ray.config import render
+    from gemma3_ray.kube import helm_release
+
+    values = [render.load_plain(Path(f)) for f in args.values or []]
+    capacity = "queued" if args.queued else (_last(values, "capacity", "type") or "none")
+    queue = args.queue or _last(values, "kueue", "queueName") or DEFAULT_QUEUE
+    values.append({"kueue": {"queueName": queue}, "capacity": {"type": capacity}})
+    helm = helm_release.client(None, None)
+    docs = helm_release.template(helm, args.release or names.PRODUCT, helm_release.chart_path(args.chart), values,
+                            args.namespace or "default")
+    jobs = [d for d in docs if d.get("kind") == "RayJob"]
+    if len(jobs) != 1:
+        raise UserError(f"The chart rendered {len(jobs)} RayJobs from these values, expected one.")
+    return jobs[0], capacity
+
+
+def run(args: argparse.Namespace, out: Out) -> int:
+    rayjob, capacity = rendered_job(args)
+    setup = setup_from(args, rayjob, capacity)
+    wanted = ko.objects(setup)
+    out(f"Kueue objects for queue {setup.namespace}/{setup.queue} (ClusterQueue {setup.cluster_queue}), for "
+        f"{setup.jobs} job(s) at once; one job asks for:")
+    for s in setup.sets:
+        out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
+    api, reason = _api(args)
+    p = plan(api, wanted)
+    for line in p.lines():
+        out(line)
+    if api is None:
+        out(f"  ? which of these exist: not checked ({reason})")
+    if not p.actions:
+        out(f"Nothing to do. Users install with --set kueue.queueName={setup.queue} -n {setup.namespace}.")
+        return 0
+    if not args.apply:
+        out(f"Dry run: nothing changed ({len(p.actions)} change(s) planned). Apply with `{names.PRODUCT} kueue setup "
+            "--apply` (same flags).")
+        return 0
+    if api is None:
+        raise ClusterError(f"Cannot apply: {reason}.")
+    for action in p.actions:
+        out(f"  ... {action.text}")
+        action.run()
+    out(f"Done: {len(p.actions)} change(s) applied. Users install with --set kueue.queueName={setup.queue} "
+        f"-n {setup.namespace}.")
+    return 0
+
+
+def _api(args: argparse.Namespace) -> tuple[Api | None, str]:
+    from gemma3_ray.kube import cluster
+
+    try:
+        client = cluster.load_config(args.kubeconfig, args.kube_context)
+    except UserError as exc:
+        if args.apply:
+            raise
+        return None, f"no cluster connection: {str(exc).rstrip('.')}"
+    return Api(client.CustomObjectsApi()), ""

@@ -1,0 +1,9 @@
+"""release: what one release (a namespace and a release name) needs and is, across the folders below.
+
+Owns: the prerequisites Helm cannot create — Google Cloud identities, grants and bucket, and the HF
+token Secret (``prereqs``) — and their removal (``teardown``); ``doctor``'s checks end to end
+(``doctor``, with the GKE and image checks in ``doctor_gke``); ``status`` (``status``); ``down``
+(``down``).
+
+May import: utils, config, kube, gke, gcp, kueue.
+"""

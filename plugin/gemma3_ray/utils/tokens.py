@@ -1,0 +1,118 @@
+"""The Hugging Face token: read from an environment variable, a file or stdin — never from argv.
+
+Nothing here ever prints the token or any value given where a token might have been typed: a flag
+that takes a variable *name* refuses a value that looks like a token without echoing it, and every
+hint keeps the token out of the command line and the shell history (``read -rs``, a file, stdin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import re
+import sys
+from pathlib import Path
+
+from gemma3_ray.utils.errors import InvalidName, MissingSetting
+
+# An environment variable name (POSIX: letters, digits, '_', not starting with a digit).
+_VAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Hugging Face user access tokens are "hf_" and 34 letters and digits (https://huggingface.co/docs/hub/security-tokens);
+# HF_TOKEN, HF_API_TOKEN or hf_home are names, not tokens.
+_HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}")
+# A word this long mixing lower case, upper case and digits is far more likely a pasted secret than a name.
+_WORD_RE = re.compile(r"[A-Za-z0-9_-]{24,}")
+NOT_SHOWN = "(value not shown: it looks like a token)"
+STDIN = "-"
+SAFE_EXPORT = "read -rs HF_TOKEN && export HF_TOKEN"  # read -s: typed without echo, never in history
+REVOKE_HINT = "if it was a real token it is now in your shell history: revoke it at https://huggingface.co/settings/tokens"
+
+
+def _secret_word(word: str) -> bool:
+    return any(c.islower() for c in word) and any(c.isupper() for c in word) and any(c.isdigit() for c in word)
+
+
+def looks_like_token(value: str) -> bool:
+    """True when a Hugging Face token, or a long mixed-case/digit word, appears anywhere in ``value``."""
+    return bool(_HF_TOKEN_RE.search(value)) or any(_secret_word(w) for w in _WORD_RE.findall(value))
+
+
+def scrub(text: str) -> str:
+    """``text`` with every token-shaped word replaced (the last guard before anything is printed)."""
+    text = _HF_TOKEN_RE.sub(NOT_SHOWN, text)
+    return _WORD_RE.sub(lambda m: NOT_SHOWN if _secret_word(m.group(0)) else m.group(0), text)
+
+
+def shown(value: object) -> str:
+    """How a message names a value the user gave (a flag value, a path): quoted, unless it looks like a
+    token (then not at all). Every message that quotes user input goes through here."""
+    text = str(value)
+    return NOT_SHOWN if looks_like_token(text) else repr(text)
+
+
+def variable_name(flag: str, value: str) -> str:
+    """Check a flag value that must name an environment variable; the value is never printed."""
+    if looks_like_token(value):
+        raise InvalidName(
+            f"{flag} takes the NAME of an environment variable, and the value given looks like the token itself "
+            f"(not shown; {REVOKE_HINT}): pass --hf-token-file - to type the token without echo, or put it in a "
+            f"variable first (`{SAFE_EXPORT}`) and give that variable's name.")
+    if not _VAR_NAME_RE.match(value):
+        raise InvalidName(
+            f"{flag} takes the NAME of an environment variable (letters, digits and '_'), and the value given is "
+            f"not one (not shown): put the token in a variable (`{SAFE_EXPORT}`) and give its name, e.g. HF_TOKEN.")
+    return value
+
+
+def _from_env(var: str) -> str:
+    variable_name("--hf-token-from-env", var)
+    token = os.environ.get(var, "").strip()
+    if not token:
+        raise MissingSetting(f"--hf-token-from-env {var}: the environment variable {var} is empty or unset; set it "
+                             f"without echo (`read -rs {var} && export {var}`) and try again.")
+    return token
+
+
+def _from_file(path: str) -> str:
+    if path == STDIN:
+        if sys.stdin.isatty():
+            token = getpass.getpass("Hugging Face token (not echoed): ")
+        else:
+            token = sys.stdin.read()
+        where = "stdin"
+    else:
+        try:
+            token = Path(path).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise MissingSetting(f"--hf-token-file: cannot read {shown(path)} ({exc.strerror}); pass a readable file, "
+                                 "or - to type the token without echo.") from None
+        where = shown(path)
+    token = token.strip()
+    if not token:
+        raise MissingSetting(f"--hf-token-file: {where} holds no token; put the token in it (`umask 077; cat > FILE`), "
+                             "or pass - to type it without echo.")
+    if any(c.isspace() for c in token):
+        raise InvalidName(f"--hf-token-file: {where} holds more than one word; it must hold only the token.")
+    return token
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """--hf-token-from-env VAR | --hf-token-file PATH|- (the Secret is created from either)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--hf-token-from-env", metavar="VAR",
+                   help="create the Hugging Face token Secret from environment variable VAR (its name, never the token)")
+    g.add_argument("--hf-token-file", metavar="PATH",
+                   help="create the Hugging Face token Secret from the file PATH, or '-' for stdin "
+                   "(prompts without echo on a terminal)")
+
+
+def from_args(args: argparse.Namespace) -> str | None:
+    """The token named by the flags, or None when neither was given."""
+    var = getattr(args, "hf_token_from_env", None)
+    if var:
+        return _from_env(var)
+    path = getattr(args, "hf_token_file", None)
+    if path:
+        return _from_file(path)
+    return None

@@ -216,9 +216,10 @@ def model_flops_per_sample(config, n_tokens: float, vision_backward: bool) -> fl
 
 def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, steps: int, phase_steps: int,
         out: Path | None, smoke: bool = False, name: str | None = None, epochs: float = 0.0,
-        rows: int = 0, layers: tuple[int, int] | None = None) -> dict[str, Any]:
+        rows: int = 0, layers: tuple[int, int] | None = None, profile: bool = False) -> dict[str, Any]:
     """One recipe: `warmup + steps + phase_steps` optimizer steps, or with `epochs`, that many epochs over
-    `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train()."""
+    `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train(). `profile`: one more
+    step, after the timed ones, under torch.profiler (bench/profile_step.py), written beside `out`."""
     import torch
     from flags import parse_args as parse_trainer_args
     from model import build_trainer
@@ -248,7 +249,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
             argv.append(f"--global_batch_size={cap}")
         args = parse_trainer_args(argv + common)
         per_step = args.global_batch_size
-        total = warmup + steps + phase_steps
+        total = warmup + steps + phase_steps + int(profile)
         dataset = write_dataset(processor, work, rows or max(64, per_step * total))
         args.dataset_name = str(dataset)
         if epochs:
@@ -265,8 +266,17 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
             import fp8_linear
 
             trainer.speed_levers["fp8"] = fp8_linear.apply_to(trainer.model, trainer.speed_levers)
-        timer = StepTimer(trainer.model, timed_from=warmup, phase_from=warmup + steps)
+        timer = StepTimer(trainer.model, timed_from=warmup, phase_from=warmup + steps + int(profile),
+                          skip=warmup + steps + 1 if profile else None)
         trainer.add_callback(timer.get_callback())
+        prof = None
+        if profile:
+            from profile_step import ProfileStep  # bench/
+
+            where = (out.parent if out else work) / f"{(out.stem + '-') if out else ''}{res['name']}-profile.txt"
+            prof = ProfileStep(warmup + steps, where,
+                               lambda: sum(timer.step_times) / len(timer.step_times) if timer.step_times else None)
+            trainer.add_callback(prof.get_callback())
         # Tokens per sample, measured on the collator's own output.
         sample = trainer.data_collator([trainer.train_dataset[i] for i in range(min(16, len(trainer.train_dataset)))])
         tokens_per_sample = float(sample["attention_mask"].sum()) / sample["attention_mask"].shape[0]
@@ -279,6 +289,8 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
                                "samples": len(trainer.train_dataset) * epochs, "train_wall_s": res["train_wall_s"],
                                "samples_per_s": len(trainer.train_dataset) * epochs / res["train_wall_s"],
                                "optimizer_steps": trainer.state.global_step}
+        if prof is not None and prof.summary is not None:
+            res["profile"] = dict(prof.summary, top_kernels=prof.summary["top_kernels"][:12], file=str(prof.out))
         levers = getattr(trainer, "speed_levers", {})
         cache = levers.get("image_feature_cache")
         res["levers"] = {k: v for k, v in levers.items() if k != "image_feature_cache"}
@@ -372,6 +384,7 @@ def main() -> None:
     r.add_argument("--epochs", type=float, default=0.0, help="time this many epochs over --rows rows instead")
     r.add_argument("--rows", type=int, default=0, help="rows of the synthetic dataset (default: enough steps)")
     r.add_argument("--layers", default="", help="LM,vision layers of a reduced 4B model (e.g. 6,6; default: all)")
+    r.add_argument("--profile", action="store_true", help="one more step under torch.profiler, written beside --out")
     r.add_argument("flags", nargs="*", help="extra trainer flags, e.g. --per_device_train_batch_size=12")
     d = sub.add_parser("data", help="write the random 4B weights and N synthetic rows (for bench/e2e_ray.sh)")
     d.add_argument("--assets", type=Path, default=ROOT / ".bench" / "assets")
@@ -388,7 +401,7 @@ def main() -> None:
         print(write_dataset(AutoProcessor.from_pretrained(model_dir), a.work, a.rows))
     else:
         res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name,
-                  a.epochs, a.rows, tuple(int(v) for v in a.layers.split(",")) if a.layers else None)
+                  a.epochs, a.rows, tuple(int(v) for v in a.layers.split(",")) if a.layers else None, a.profile)
         sys.exit(0 if res.get("ok") else 1)
 
 

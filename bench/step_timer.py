@@ -8,11 +8,12 @@ import time
 class StepTimer:
     """Trainer callback: wall time of each optimizer step, and per-phase times when `phases` is on."""
 
-    def __init__(self, model, timed_from: int, phase_from: int):
+    def __init__(self, model, timed_from: int, phase_from: int, skip: int | None = None):
         import torch
 
         self.torch = torch
         self.timed_from, self.phase_from = timed_from, phase_from
+        self.skip = skip  # a step neither timed nor phased (the profiled one), counted after its end
         self.step_times: list[float] = []
         self.data_times: list[float] = []
         self.phase: dict[str, float] = {}
@@ -72,7 +73,9 @@ class StepTimer:
             def on_step_end(self, args, state, control, **kw):
                 now = timer._sync()
                 step = state.global_step  # already incremented
-                if timer.timed_from < step <= timer.phase_from:
+                if step == timer.skip:
+                    pass
+                elif timer.timed_from < step <= timer.phase_from:
                     timer.step_times.append(now - timer._t_begin)
                 elif step > timer.phase_from:
                     timer._add("step", now - timer._t_begin)

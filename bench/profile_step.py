@@ -9,7 +9,9 @@ The capture starts at `on_step_begin` and ends at `on_step_end` of one optimizer
   GPU spends idle, waiting for the CPU, if kernels never overlap), and the captured step's own wall time
   (the profiler's CPU overhead inflates it; kernel times are not affected that way);
 - where copies come from: `aten::copy_`/`clone`/`contiguous`/`add` grouped by the Python stack that
-  called them, with their GPU time.
+  called them, with their GPU time;
+- where the GPU waits: every idle interval between kernels, attributed to the op (and its Python
+  callers) that launched the kernel ending it, summed by caller.
 """
 
 from __future__ import annotations
@@ -76,6 +78,32 @@ def _device_us(e) -> float:
     return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0) or 0.0)
 
 
+def _caller(op) -> str:
+    if op is None:
+        return "(launch not found)"
+    frames = [f for f in (op.stack or []) if not re.search(r"torch/(nn/modules|autograd|utils)/|/_tensor.py|<built-in", f)]
+    return " <- ".join([op.name, *[re.sub(r"^.*site-packages/", "", f) for f in frames[:3]]])
+
+
+def idle_by_caller(prof) -> tuple[float, list[tuple[str, float, int]]]:
+    """(total idle µs between the first and last kernel, [(caller, idle µs, intervals)] largest first)."""
+    events = prof.events()
+    ops = {e.id: e for e in events if "CPU" in str(e.device_type) and not PYTHON_FRAME.search(e.name)}
+    kernels = sorted((e for e in events if "CUDA" in str(e.device_type)), key=lambda e: e.time_range.start)
+    busy_end, total, by = None, 0.0, {}
+    for k in kernels:
+        start, end = k.time_range.start, k.time_range.end
+        if busy_end is not None and start > busy_end:
+            idle = start - busy_end
+            total += idle
+            key = _caller(ops.get(getattr(k, "linked_correlation_id", -1)))
+            agg = by.setdefault(key, [0.0, 0])
+            agg[0] += idle
+            agg[1] += 1
+        busy_end = end if busy_end is None else max(busy_end, end)
+    return total, sorted(((k, v[0], v[1]) for k, v in by.items()), key=lambda t: -t[1])
+
+
 def report(summary: dict[str, Any], prof) -> str:
     lines = [f"GPU kernel time {summary['gpu_ms']} ms in {summary['kernels']} kernels; captured step wall "
              f"{summary['captured_step_wall_ms']} ms; unprofiled step wall {summary['step_wall_ms']} ms; "
@@ -107,6 +135,14 @@ def report(summary: dict[str, Any], prof) -> str:
             lines += [f"        {frame}" for frame in (e.stack or [])[:6]]
     except Exception as exc:  # grouping by stack is a bonus; the summary above stands without it
         lines.append(f"(copies by caller unavailable: {type(exc).__name__}: {exc})")
+    try:
+        total, callers = idle_by_caller(prof)
+        summary["idle_ms_under_profiler"] = round(total / 1e3, 1)
+        lines += ["", f"GPU IDLE BETWEEN KERNELS under the profiler: {total / 1e3:.1f} ms (the profiler's CPU overhead "
+                  "inflates it), by the caller that launched the next kernel (top 40)"]
+        lines += [f"  {us / 1e3:>8.2f} ms {n:>6}x {key}" for key, us, n in callers[:40]]
+    except Exception as exc:
+        lines.append(f"(idle attribution unavailable: {type(exc).__name__}: {exc})")
     return "\n".join(lines) + "\n"
 
 

@@ -53,3 +53,25 @@ def test_profiled_row_on_cpu_keeps_its_timed_steps(tmp_path: Path) -> None:
     text = (tmp_path / "r-custom-profile.txt").read_text()
     assert res["profile"]["file"].endswith("r-custom-profile.txt") and res["profile"]["captured_step_wall_ms"] > 0
     assert "OPS BY GPU TIME" in text and "aten::" in text and ".py(" not in text.split("OPS BY GPU TIME")[1][:3000]
+
+
+def test_idle_time_is_charged_to_the_caller_that_launched_the_next_kernel() -> None:
+    from types import SimpleNamespace as NS
+
+    def ev(id_, name, dev, start, end, link=-1, stack=()):
+        return NS(id=id_, name=name, device_type=f"DeviceType.{dev}", time_range=NS(start=start, end=end),
+                  linked_correlation_id=link, stack=list(stack))
+
+    events = [
+        ev(1, "aten::mm", "CPU", 0, 5, stack=["fast_lora.py(120): forward", "torch/nn/modules/module.py(1): _call"]),
+        ev(2, "aten::copy_", "CPU", 6, 7, stack=["modeling_gemma3.py(352): forward"]),
+        ev(3, "modeling_gemma3.py(352): forward", "CPU", 0, 9),  # a Python frame event, never a launcher
+        ev(10, "nvjet_gemm", "CUDA", 10, 20, link=1),
+        ev(11, "nvjet_gemm2", "CUDA", 15, 25, link=1),  # overlaps: no idle
+        ev(12, "direct_copy_kernel", "CUDA", 40, 45, link=2),  # 15 µs idle before it, launched by aten::copy_
+        ev(13, "direct_copy_kernel", "CUDA", 50, 51, link=2),  # 5 more
+        ev(14, "lora_fwd", "CUDA", 61, 62, link=99),  # 10, launch not found
+    ]
+    total, callers = profile_step.idle_by_caller(NS(events=lambda: events))
+    assert total == 30
+    assert callers == [("aten::copy_ <- modeling_gemma3.py(352): forward", 20, 2), ("(launch not found)", 10, 1)]

@@ -12,6 +12,9 @@ T0=$(date +%s)
 log() { echo "[round4 +$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/timeline.log"; }
 row() {  # row NAME RECIPE TIMEOUT [bench.py run options...] [-- trainer flags...]
   local name=$1 recipe=$2 budget=$3; shift 3
+  local left=$(( ${CALL_BUDGET:-585} - ($(date +%s) - T0) ))
+  [ "$left" -lt "$budget" ] && budget=$left
+  [ "$budget" -lt 30 ] && { log "skip $name (${budget}s left)"; return; }
   log "start $name (budget ${budget}s)"
   timeout "$budget" python3 bench/bench.py run --recipe "$recipe" --name "$name" --out "$OUT/results.jsonl" "$@" \
     >>"$OUT/bench.log" 2>&1 || log "$name failed or timed out (rc $?)"

@@ -1,0 +1,57 @@
+# shellcheck shell=bash
+# The KubeRay operator and Kueue, each the real controller built from its module (e2e/parts.sh), run on
+# the host out of cluster with its own kubeconfig and its upstream ClusterRole. KubeRay reaches each Ray
+# dashboard through the API server's service proxy (--use-kubernetes-proxy): the host does not resolve
+# cluster DNS names. Kueue serves its webhooks on 127.0.0.1, registered by URL with our CA.
+
+KUEUE_METRICS_CERTS=/etc/kueue/metrics/certs   # fixed in Kueue v0.17's main.go when it does not manage certs
+
+manifests() {  # manifests base|webhooks
+  python3 "$HERE/cluster/manifests.py" "$KUBERAY_BIN" "$KUEUE_BIN" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
+    "$DIR/pki/ca.crt" "$1"
+}
+
+# RBAC of the host-run parts, the KubeRay and Kueue CRDs (before any controller starts)
+apply_base() {
+  manifests base > "$DIR/manifests-base.json" || return 1
+  kc apply --server-side --force-conflicts -f "$DIR/manifests-base.json" >"$DIR/logs/apply-base.log" 2>&1 || return 1
+  # kubectl wait errors out (not waits) on a CRD whose status has no conditions yet: ask again
+  local i
+  for i in $(seq 30); do
+    kc wait --for condition=established --timeout=20s crd/rayclusters.ray.io crd/rayjobs.ray.io \
+      crd/workloads.kueue.x-k8s.io crd/clusterqueues.kueue.x-k8s.io crd/localqueues.kueue.x-k8s.io \
+      >>"$DIR/logs/apply-base.log" 2>&1 && return 0
+    sleep 1
+  done
+  return 1
+}
+
+start_kuberay() {
+  KUBERAY_PROBE_PORT=$(free_port); echo "$KUBERAY_PROBE_PORT" > "$DIR/run/kuberay-operator.probe-port"
+  KUBECONFIG="$DIR/pki/kuberay-operator.kubeconfig" spawn kuberay-operator "$KUBERAY_BIN/ray-operator" \
+    --metrics-addr=0 --health-probe-bind-address="127.0.0.1:$KUBERAY_PROBE_PORT" \
+    --enable-leader-election=false --use-kubernetes-proxy \
+    --feature-gates=RayClusterStatusConditions=true --log-stdout-encoder=console
+}
+
+start_kueue() {
+  if [ -e "$KUEUE_METRICS_CERTS" ] && ! cmp -s "$KUEUE_METRICS_CERTS/tls.crt" "$DIR/pki/kueue-webhook.crt"; then
+    fail kueue "$KUEUE_METRICS_CERTS exists and is not this cluster's (another Kueue on this host?)"
+  fi
+  mkdir -p "$KUEUE_METRICS_CERTS"
+  cp "$DIR/pki/kueue-webhook.crt" "$KUEUE_METRICS_CERTS/tls.crt"
+  cp "$DIR/pki/kueue-webhook.key" "$KUEUE_METRICS_CERTS/tls.key"
+  write_kueue_config
+  KUBECONFIG="$DIR/pki/kueue.kubeconfig" spawn kueue "$KUEUE_BIN/kueue" --config="$DIR/kueue/config.yaml"
+}
+
+ready_url() { curl -fsS -o /dev/null --max-time 2 "$1"; }
+
+# after Kueue answers: its webhooks (registering them earlier would refuse objects it does not serve yet)
+wait_operators() {
+  wait_for kuberay-operator "ready" 90 ready_url "http://127.0.0.1:$KUBERAY_PROBE_PORT/readyz"
+  wait_for kueue "ready" 90 ready_url "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz"
+  manifests webhooks > "$DIR/manifests-webhooks.json" \
+    && kc apply --server-side --force-conflicts -f "$DIR/manifests-webhooks.json" >"$DIR/logs/apply-webhooks.log" 2>&1 \
+    || FAIL_LOG="$DIR/logs/apply-webhooks.log" fail kueue "the API server refused its webhook configurations"
+}

@@ -143,7 +143,7 @@ def test_the_queue_defaults_to_the_values_queue() -> None:
                               "--kubeconfig", "/nonexistent/kubeconfig"])
     lines: list[str] = []
     assert kueue_setup.run(args, lines.append) == 0
-    assert lines[0].startswith("Kueue objects for queue ml/team-vision (ClusterQueue team-vision)"), lines
+    assert lines[0].startswith("Kueue objects for queue ml/team-vision (ClusterQueue ml-team-vision)"), lines
 
 
 def test_values_the_chart_refuses_with_a_queue_stop_before_any_call() -> None:

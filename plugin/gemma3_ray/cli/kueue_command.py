@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from gemma3_ray.kueue import objects as ko
 from gemma3_ray.kueue import setup as kueue_setup
 from gemma3_ray.kueue.setup import DEFAULT_QUEUE, Out
 from gemma3_ray.utils import names
@@ -25,8 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="the namespace the releases run in (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
     s.add_argument("-f", "--values", action="append", help="values files of the releases (the quota is what their job asks)")
     s.add_argument("--queue", help=f"LocalQueue name (default: the values' kueue.queueName, else {DEFAULT_QUEUE})")
-    s.add_argument("--cluster-queue", help="ClusterQueue name (default: the LocalQueue's)")
+    s.add_argument("--cluster-queue", help="ClusterQueue name (default: NAMESPACE-QUEUE, one per namespace; another "
+                   "namespace's is refused)")
     s.add_argument("--jobs", type=int, default=1, help="jobs the queue runs at once (quota = jobs x one job; default 1)")
+    s.add_argument("--priority-value", type=int, default=ko.DEFAULT_PRIORITY_VALUE,
+                   help="value of the WorkloadPriorityClass the values name (kueue.priorityClass) when setup creates it "
+                   f"(default {ko.DEFAULT_PRIORITY_VALUE}; one that exists is left as it is)")
     s.add_argument("--queued", action="store_true", help="flex-start with queued provisioning (capacity.type=queued): "
                    "adds the ProvisioningRequest admission check")
     s.add_argument("--release", help=f"release name to render with (default: {names.PRODUCT})")

@@ -203,8 +203,8 @@ def checks(custom: Any, api_ext: Any, namespace: str, rayjob: dict[str, Any], co
         ns_labels = core.read_namespace(namespace).metadata.labels or {}
         if not selects((cq.get("spec") or {}).get("namespaceSelector"), ns_labels):
             return [*out, Check("Kueue ClusterQueue", False, f"{cq_name}'s namespaceSelector does not select namespace "
-                                f"{namespace}: Kueue would never admit its jobs; ask the admin to add it "
-                                f"(`gemma3-ray kueue setup -n {namespace} --cluster-queue ANOTHER`)")]
+                                f"{namespace}: Kueue would never admit its jobs; ask the admin for this namespace's own queue "
+                                f"(`gemma3-ray kueue setup -n {namespace} -f VALUES --apply`)")]
     flavors = {}
     for g in (cq.get("spec") or {}).get("resourceGroups") or []:
         for f in g.get("flavors") or []:

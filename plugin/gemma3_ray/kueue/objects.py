@@ -34,6 +34,8 @@ FLAVOR_LABEL_KEYS = ("cloud.google.com/gke-accelerator", "cloud.google.com/gke-f
 GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}  # GKE taints every GPU node so
 QUEUED_TAINT = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
+DEFAULT_PRIORITY_VALUE = 100  # a WorkloadPriorityClass setup makes; a job without a class has priority 0
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # the API server sets it on every namespace
 
 _QUANTITY = re.compile(r"^(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|)$")
 _SUFFIX = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("0.001"), "k": 10**3, "M": 10**6,
@@ -137,6 +139,8 @@ class Setup:
     sets: tuple[PodSet, ...]
     capacity: str = "none"  # the chart's capacity.type
     jobs: int = 1
+    priority: str = ""  # the WorkloadPriorityClass the values name (kueue.priorityClass), if any
+    priority_value: int = DEFAULT_PRIORITY_VALUE
 
     @property
     def gpu_sets(self) -> list[PodSet]:
@@ -169,6 +173,10 @@ class Setup:
         total = add(*(s.total() for s in sets))
         return [{"name": r, "nominalQuota": format_quantity(total.get(r, Decimal(0)) * self.jobs)} for r in self.covered()]
 
+    @property
+    def namespace_selector(self) -> dict[str, Any]:
+        return {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}}
+
     def flavor_labels(self) -> dict[str, str]:
         labels: dict[str, str] = {}
         for s in self.gpu_sets:
@@ -184,8 +192,13 @@ def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
 
 
 def objects(setup: Setup) -> list[dict[str, Any]]:
-    """ResourceFlavors, (ProvisioningRequestConfig, AdmissionCheck), ClusterQueue, LocalQueue, in apply order."""
+    """(WorkloadPriorityClass), ResourceFlavors, (ProvisioningRequestConfig, AdmissionCheck), ClusterQueue,
+    LocalQueue, in apply order."""
     out: list[dict[str, Any]] = []
+    if setup.priority:  # no `spec`: its value is a top-level field, like a PriorityClass's
+        out.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": _meta(setup.priority),
+                    "value": setup.priority_value,
+                    "description": f"made by `{names.PRODUCT} kueue setup` for the jobs whose values name it"})
     flavors: list[dict[str, Any]] = []
     if setup.gpu_sets:
         taints = [GPU_TAINT] + ([QUEUED_TAINT] if setup.queued else []) + ([SPOT_TAINT] if setup.capacity == "spot" else [])
@@ -195,7 +208,7 @@ def objects(setup: Setup) -> list[dict[str, Any]]:
     out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.cpu_flavor), "spec": {}})
     flavors.append({"name": setup.cpu_flavor, "resources": setup.quota(setup.cpu_sets)})
     cq_spec: dict[str, Any] = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": setup.namespace}},
+        "namespaceSelector": setup.namespace_selector,
         "resourceGroups": [{"coveredResources": setup.covered(), "flavors": flavors}],
     }
     if setup.queued:

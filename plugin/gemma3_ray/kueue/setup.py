@@ -111,8 +111,16 @@ def owned(live: dict[str, Any]) -> bool:
     return ((live.get("metadata") or {}).get("labels") or {}).get(ko.OWNER_LABEL) == ko.OWNER
 
 
-def plan(api: Api | None, wanted: list[dict[str, Any]]) -> Plan:
-    """What to create or update; refuses (ForeignObject) a same-named object it did not create."""
+class TakenByAnotherNamespace(UserError):
+    """The ClusterQueue named is one `kueue setup` made for another namespace (another team's queue and quota)."""
+
+    exit_code = EXIT_USAGE
+
+
+def plan(api: Api | None, wanted: list[dict[str, Any]], namespace: str = "") -> Plan:
+    """What to create or update; refuses (ForeignObject) a same-named object it did not create and
+    (TakenByAnotherNamespace) a ClusterQueue it made for another namespace. A WorkloadPriorityClass that
+    exists is left as it is, whoever made it: every queue whose jobs name it shares it."""
     p = Plan()
     for obj in wanted:
         text = _where(obj)
@@ -122,10 +130,15 @@ def plan(api: Api | None, wanted: list[dict[str, Any]]) -> Plan:
         live = api.get(obj)
         if live is None:
             p.actions.append(Action(f"create {text}", lambda o=obj: api.create(o)))
+        elif obj["kind"] == "WorkloadPriorityClass":
+            p.in_place.append(f"{text} (exists, value {live.get('value')}; shared by the jobs that name it, not changed)")
         elif not owned(live):
             raise ForeignObject(f"{text} exists and was not created by `{names.PRODUCT} kueue setup` (no label "
                                 f"{ko.OWNER_LABEL}={ko.OWNER}): nothing was changed; pick other names (--queue, "
                                 "--cluster-queue) or let its owner change it.")
+        elif obj["kind"] == "ClusterQueue" and (live.get("spec") or {}).get("namespaceSelector") != \
+                obj["spec"]["namespaceSelector"]:
+            raise _taken(text, live, namespace)
         elif ko.contains(live.get("spec") or {}, obj["spec"]):
             p.in_place.append(f"{text} (as wanted)")
         else:
@@ -133,17 +146,30 @@ def plan(api: Api | None, wanted: list[dict[str, Any]]) -> Plan:
     return p
 
 
+def _taken(text: str, live: dict[str, Any], namespace: str) -> TakenByAnotherNamespace:
+    selector = (live.get("spec") or {}).get("namespaceSelector")
+    other = ((selector or {}).get("matchLabels") or {}).get(ko.NAMESPACE_NAME_LABEL)
+    whose = f"namespace {other}'s" if other else f"another namespace's (its namespaceSelector is {selector})"
+    return TakenByAnotherNamespace(
+        f"{text} is {whose} queue, made by `{names.PRODUCT} kueue setup`, and setting it up for namespace "
+        f"{namespace} would take that team's queue and quota, so nothing was changed: leave out --cluster-queue "
+        f"(each namespace gets its own ClusterQueue) or pass another one than {live['metadata']['name']}.")
+
+
 def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
     namespace = args.namespace or "default"
     names.dns_label("namespace", namespace, "--namespace")
-    queue = rayjob["metadata"]["labels"][ko.QUEUE_LABEL]
-    cluster_queue = args.cluster_queue or queue
+    labels = rayjob["metadata"]["labels"]
+    queue = labels[ko.QUEUE_LABEL]
+    cluster_queue = args.cluster_queue or names.cluster_queue(namespace, queue)
     for flag, value in (("--queue", queue), ("--cluster-queue", cluster_queue)):
         names.dns_label("queue", value, flag)
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1 (how many such jobs the queue admits at once).")
     return ko.Setup(namespace=namespace, queue=queue, cluster_queue=cluster_queue,
-                    sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=args.jobs)
+                    sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=args.jobs,
+                    priority=labels.get(ko.PRIORITY_LABEL, ""),
+                    priority_value=getattr(args, "priority_value", ko.DEFAULT_PRIORITY_VALUE))
 
 
 def _last(values: list[dict[str, Any]], section: str, key: str) -> Any:
@@ -177,7 +203,7 @@ def run(args: argparse.Namespace, out: Out) -> int:
     for s in setup.sets:
         out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
     api, reason = _api(args)
-    p = plan(api, wanted)
+    p = plan(api, wanted, setup.namespace)
     for line in p.lines():
         out(line)
     if api is None:

@@ -119,6 +119,16 @@ def dns_label(field: str, value: str, flag: str, max_len: int = DNS_LABEL_MAX) -
     return value
 
 
+def cluster_queue(namespace: str, queue: str) -> str:
+    """The default ClusterQueue of a namespace's queue: ``NAMESPACE-QUEUE`` (cluster-scoped, so one per team;
+    a name over 63 characters keeps its start and ends in 6 hex digits of the whole)."""
+    name = f"{namespace}-{queue}"
+    if len(name) <= DNS_LABEL_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_GSA_HASH_LEN]
+    return f"{name[:DNS_LABEL_MAX - _GSA_HASH_LEN - 1].rstrip('-')}-{digest}"
+
+
 def dns_subdomain(field: str, value: str, flag: str) -> str:
     if len(value) > DNS_SUBDOMAIN_MAX or not all(_DNS_LABEL_RE.match(p) for p in value.split(".")):
         raise _bad(field, value, "it must be lowercase RFC 1123 labels separated by '.'", f"pass {flag}")

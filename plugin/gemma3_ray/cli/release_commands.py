@@ -11,7 +11,7 @@ from gemma3_ray.cli import apply_flag
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.config.deployment import Deployment, from_args
 from gemma3_ray.utils import names, poll, tokens
-from gemma3_ray.utils.errors import EXIT_FAILURE, ClusterError, MissingSetting, NotLoggedIn
+from gemma3_ray.utils.errors import EXIT_FAILURE, ClusterError, MissingSetting, NotLoggedIn, UserError
 
 IMAGE_PERMISSIONS = ("artifactregistry.repositories.get", "artifactregistry.repositories.create",
                      "artifactregistry.repositories.getIamPolicy", "artifactregistry.repositories.setIamPolicy")
@@ -32,11 +32,11 @@ def _hf_token(args: argparse.Namespace) -> str | None:
 
 def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None,
                 out: Callable[[str], None] = _out, image: bool = False,
-                apply_hint: str = "gemma3-ray prereqs --apply") -> int:
+                apply_hint: str = "gemma3-ray prereqs --apply", cluster_unread: str = "") -> int:
     from gemma3_ray.release.prereqs import Prereqs
     from gemma3_ray.utils.plan import Plan
 
-    p = Prereqs(dep, clients, hf_token=hf_token)
+    p = Prereqs(dep, clients, hf_token=hf_token, cluster_unread=cluster_unread)
     header = f"Prerequisites of release {dep.owner} in project {dep.project}, region {dep.region}:"
     try:
         plan = p.plan()
@@ -57,7 +57,7 @@ def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: s
             offline.unchecked += [a.text.removesuffix(" [not checked: not logged in]") for a in registry.actions]
         for line in offline.lines():
             out(line)
-        out("Not logged in: nothing was read or changed. To see what exists and what would change, run "
+        out("Not logged in: nothing in Google Cloud was read or changed. To see what exists and what would change, run "
             "`gcloud auth application-default login` and this command again.")
         return 0
     out(header)
@@ -86,16 +86,26 @@ def run_prereqs(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: s
 def cmd_prereqs(args: argparse.Namespace, clients: Clients | None) -> int:
     hf_token = _hf_token(args)
     dep, clients = from_args(args, clients)
-    _kube_clients(args, clients, needed=hf_token is not None)
-    return run_prereqs(dep, clients, dry_run=not apply_flag.applying(args, "prereqs"), hf_token=hf_token,
-                       image=args.image)
+    apply = apply_flag.applying(args, "prereqs")
+    unread = _kube_clients(args, clients, needed=hf_token is not None, planning=not apply)
+    return run_prereqs(dep, clients, dry_run=not apply, hf_token=hf_token, image=args.image, cluster_unread=unread)
 
 
-def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool) -> None:
-    if needed and clients.core_v1 is None:
-        from gemma3_ray.kube import cluster
+def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool, planning: bool = False) -> str:
+    """The cluster's client for the HF Secret; a plan goes on without one and gets why ("" when connected)."""
+    if not needed or clients.core_v1 is not None:
+        return ""
+    if planning and args.no_kube_context:
+        return "--no-kube-context"
+    from gemma3_ray.kube import cluster
 
+    try:
         clients.core_v1 = cluster.core_v1(args.kubeconfig, args.kube_context)
+    except UserError as exc:
+        if not planning:
+            raise
+        return str(exc).rstrip(".")
+    return ""
 
 
 def cmd_doctor(args: argparse.Namespace, clients: Clients | None) -> int:

@@ -72,15 +72,18 @@ class Step:
 
     describe: Callable[[], list[str]]
     check: Callable[[Plan], None]
+    google: bool = True  # its check reads Google Cloud (without credentials it is only described)
 
 
 class Prereqs:
     """Plans and applies the prerequisites of one release."""
 
-    def __init__(self, dep: Deployment, clients: Clients, hf_token: str | None = None) -> None:
+    def __init__(self, dep: Deployment, clients: Clients, hf_token: str | None = None,
+                 cluster_unread: str = "") -> None:
         self.dep = dep
         self.clients = clients
         self.hf_token = hf_token
+        self.cluster_unread = cluster_unread  # why the cluster is not read (a plan without a kube context)
         self.project_number: str | None = None
         self.bucket: Any | None = None
         self.gsa_exists = False
@@ -94,7 +97,7 @@ class Prereqs:
             Step(lambda: [g.text(self.dep.bucket) for g in self._grants()], self._bucket_grants),
             Step(lambda: [self._folder_text()], self._folder),
             Step(lambda: [self._wi_text()], self._wi_binding),
-            Step(lambda: [self._secret_text()] if self.hf_token is not None else [], self._hf_secret),
+            Step(lambda: [self._secret_text()] if self.hf_token is not None else [], self._hf_secret, google=False),
         ]
 
     def plan(self) -> Plan:
@@ -105,8 +108,14 @@ class Prereqs:
         return plan
 
     def offline_plan(self) -> Plan:
-        """What `plan` would check, without a single API call (no credentials)."""
-        return Plan(unchecked=[line for step in self.steps() for line in step.describe()])
+        """What `plan` would check, without a Google API call (no credentials); the Secret is the cluster's."""
+        plan = Plan()
+        for step in self.steps():
+            if step.google:
+                plan.unchecked += step.describe()
+            else:
+                step.check(plan)
+        return plan
 
     def apply(self, plan: Plan, log: Callable[[str], None]) -> None:
         for action in plan.actions:
@@ -255,6 +264,9 @@ class Prereqs:
 
     def _hf_secret(self, plan: Plan) -> None:
         if self.hf_token is None:
+            return
+        if self.cluster_unread and self.clients.core_v1 is None:
+            plan.unread.append((f"create or update {self._secret_text()}", f"cluster not read: {self.cluster_unread}"))
             return
         from gemma3_ray.kube import cluster
 

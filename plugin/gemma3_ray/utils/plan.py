@@ -20,8 +20,10 @@ class Action:
 class Plan:
     actions: list[Action] = field(default_factory=list)
     in_place: list[str] = field(default_factory=list)
-    unchecked: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # not checked: not logged in to Google
+    unread: list[tuple[str, str]] = field(default_factory=list)  # (what, why it was not checked)
 
     def lines(self) -> list[str]:
         return ([f"  + {a.text}" for a in self.actions] + [f"  = {t}" for t in self.in_place]
-                + [f"  ? {t}: {NOT_CHECKED}" for t in self.unchecked])
+                + [f"  ? {t}: {NOT_CHECKED}" for t in self.unchecked]
+                + [f"  ? {t}: not checked ({why})" for t, why in self.unread])

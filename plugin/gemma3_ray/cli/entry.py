@@ -141,6 +141,19 @@ def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:
+    # Everything the command prints, whichever module prints it, goes through the token redaction on its way
+    # out: a value typed where a token does not belong is never echoed back (a message may quote its input).
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = tokens.ScrubbedStream(out), tokens.ScrubbedStream(err)
+    try:
+        return _run(argv, clients)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(argv: Sequence[str] | None, clients: Clients | None) -> int:
     # Libraries' log lines (pyhelm3's "command failed", the kubernetes client's exec-plugin errors on the root
     # logger) never reach the terminal: every outcome is said once, as a sentence.
     logging.getLogger().addHandler(logging.NullHandler())

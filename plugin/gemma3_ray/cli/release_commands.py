@@ -232,8 +232,7 @@ def cmd_logs(args: argparse.Namespace, clients: Clients | None) -> int:
     k8s = cluster.load_config(args.kubeconfig, args.kube_context)
     state = cluster.rayjob_state(cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release))
     for chunk in cluster.driver_log(k8s.CoreV1Api(), dep.namespace, state.name, follow=args.follow):
-        sys.stdout.write(chunk)
-        sys.stdout.flush()
+        sys.stdout.write(chunk)  # a line at a time (the redaction sees whole words), as it ends
     return 0
 
 

@@ -45,6 +45,16 @@ def _bad(field: str, value: str, rule: str, fix: str) -> InvalidName:
     return InvalidName(f"Invalid {field} {shown(value)}: {rule}; {fix}.")
 
 
+def _not_a_token(flag: str, value: str, fix: str) -> None:
+    """A value that becomes part of resource names (and so of the values file and every line naming them) must not
+    look like a token: it is refused without being shown."""
+    from gemma3_ray.utils.tokens import REVOKE_HINT, looks_like_token
+
+    if looks_like_token(value):
+        raise InvalidName(f"{flag} looks like a token (not shown; {REVOKE_HINT}): it would be written into resource "
+                          f"names, the values file and every line that names them; {fix}.")
+
+
 def project_id(value: str) -> str:
     if not _PROJECT_RE.match(value):
         raise _bad("project ID", value, "it must be 6-30 lowercase letters, digits or hyphens, start with a "
@@ -75,6 +85,7 @@ def region_of_location(location: str) -> str:
 
 
 def bucket(value: str) -> str:
+    _not_a_token("--bucket", value, "pass --bucket with the bucket's name")
     value = value.removeprefix("gs://").rstrip("/")
     if not _BUCKET_RE.match(value) or value.startswith("goog") or "google" in value:
         raise _bad("bucket name", value, "it must be 3-63 lowercase letters, digits, '-' or '_', start and "
@@ -152,6 +163,7 @@ def secret_name(value: str) -> str:
 
 
 def secret_key(value: str) -> str:
+    _not_a_token("--hf-secret-key", value, "pass the key's name, e.g. hf_api_token")
     if not _SECRET_KEY_RE.match(value):
         raise _bad("Secret key", value, "it may hold only letters, digits, '-', '_' and '.'", "pass --hf-secret-key")
     return value
@@ -181,6 +193,7 @@ def reservation_block(value: str) -> str | None:
 
 def prefix(value: str) -> str:
     """The release's folder in the bucket: ``a/b/c`` (slashes at either end are dropped)."""
+    _not_a_token("--prefix", value, "pass --prefix like team-a/gemma3-ray")
     stripped = value.strip("/")
     segments = stripped.split("/")
     if not stripped or len(stripped) > PREFIX_MAX or not all(

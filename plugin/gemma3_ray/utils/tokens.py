@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any, TextIO
 
 from gemma3_ray.utils.errors import InvalidName, MissingSetting
 
@@ -42,6 +43,33 @@ def scrub(text: str) -> str:
     """``text`` with every token-shaped word replaced (the last guard before anything is printed)."""
     text = _HF_TOKEN_RE.sub(NOT_SHOWN, text)
     return _WORD_RE.sub(lambda m: NOT_SHOWN if _secret_word(m.group(0)) else m.group(0), text)
+
+
+class ScrubbedStream:
+    """A text stream that writes through ``scrub``: what is complete up to a line end at once, the rest when a
+    line ends or the stream is flushed (a prompt). The CLI writes everything through two of these."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        end = max(self._pending.rfind("\n"), self._pending.rfind("\r")) + 1
+        if end:
+            self.inner.write(scrub(self._pending[:end]))
+            self._pending = self._pending[end:]
+            self.inner.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.inner.write(scrub(self._pending))
+            self._pending = ""
+        self.inner.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the stream's own
+        return getattr(self.inner, name)
 
 
 def shown(value: object) -> str:

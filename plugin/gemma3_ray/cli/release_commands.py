@@ -109,7 +109,9 @@ def _kube_clients(args: argparse.Namespace, clients: Clients, needed: bool, plan
 
 
 def cmd_doctor(args: argparse.Namespace, clients: Clients | None) -> int:
-    from gemma3_ray.config import kube_context
+    from pathlib import Path
+
+    from gemma3_ray.config import kube_context, render
     from gemma3_ray.release import doctor
 
     dep, clients = from_args(args, clients)
@@ -119,7 +121,7 @@ def cmd_doctor(args: argparse.Namespace, clients: Clients | None) -> int:
 
         k8s = cluster.load_config(args.kubeconfig, args.kube_context)
         kube.core, kube.api_ext, kube.custom = k8s.CoreV1Api(), k8s.ApiextensionsV1Api(), k8s.CustomObjectsApi()
-    values = _load_values(args.values) if args.values else None
+    values = render.load_values(Path(v) for v in args.values) if args.values else None
     checks = doctor.run_checks(dep, clients, kube, values)
     for c in checks:
         _out(c.line())
@@ -264,7 +266,8 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
 
     p = sub.add_parser("doctor", help="check gcloud auth, the cluster, KubeRay, the Secret, bucket and Workload Identity")
     add_common(p)
-    p.add_argument("--values", help="values file to check against the installed KubeRay CRD")
+    p.add_argument("-f", "--values", action="append", help="values file to check the release against (its KubeRay "
+                   "fields, its Kueue queue); several are merged as helm merges its -f files, the later winning")
     p.set_defaults(handler=cmd_doctor)
 
     p = sub.add_parser("up", help="prereqs, values, helm upgrade --install, then follow the RayJob")

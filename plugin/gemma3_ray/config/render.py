@@ -301,6 +301,26 @@ def load_plain(path: Path) -> dict[str, Any]:
     return parse_plain(text, path)
 
 
+def load_values(paths: Iterable[Path]) -> dict[str, Any]:
+    """Several values files as the one set Helm installs from them (``helm -f a -f b``)."""
+    return merged([load_plain(p) for p in paths])
+
+
+def merged(layers: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Values merged as Helm merges its ``-f`` files: maps key by key, anything else from the later file."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        out = _merge(out, layer)
+    return out
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def parse_plain(text: str, path: Path) -> dict[str, Any]:
     try:
         doc = YAML(typ="safe", pure=True).load(text)

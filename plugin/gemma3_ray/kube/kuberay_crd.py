@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gemma3_ray.config.render import merged
+
 SERVED_VERSION = "v1"
 CLUSTER_SPEC = "rayClusterSpec"
 
@@ -72,21 +74,6 @@ def rayjob_spec_fields(crd: dict[str, Any]) -> CrdReport:
                              spec_fields=frozenset([*props, *(f"{CLUSTER_SPEC}.{k}" for k in nested)]))
     served = ", ".join(v.get("name", "?") for v in versions) or "none"
     raise ValueError(f"the RayJob CRD serves no {SERVED_VERSION} version (it serves: {served})")
-
-
-def merged(values: list[dict[str, Any]]) -> dict[str, Any]:
-    """Values files merged as Helm merges them: maps key by key, the later file winning."""
-    out: dict[str, Any] = {}
-    for layer in values:
-        out = _merge(out, layer)
-    return out
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def refusals(report: CrdReport, values: dict[str, Any]) -> list[str]:

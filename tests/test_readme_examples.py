@@ -76,6 +76,37 @@ def test_plugin_examples_parse(readme: str, line: str, words: list[str]) -> None
     assert callable(args.handler), f"{readme}: `{line}`"
 
 
+# `make setup` installs helm and the plugin's console script inside the repository (.tools/bin, .venv/bin):
+# a README runs them by bare name only after the step that puts those folders on PATH (#27 item 3).
+PATH_STEP = ["export", "PATH=$PWD/.tools/bin:$PWD/.venv/bin:$PATH"]
+INSTALLED_BY_SETUP = {"helm": ".tools/bin", "gemma3-ray": ".venv/bin"}
+
+
+def test_helm_and_the_plugin_run_by_name_only_after_the_path_step() -> None:
+    late = []
+    for readme in READMES:
+        on_path = False
+        for line, words in _commands(readme):
+            on_path = on_path or words == PATH_STEP
+            if words and words[0] in INSTALLED_BY_SETUP and not on_path:
+                late.append(f"{readme.relative_to(ROOT)}: `{line}` runs before `{' '.join(PATH_STEP)}`")
+    assert not late, late
+    assert any(words == PATH_STEP for _, line, words in COMMANDS if _ == "README.md")
+
+
+def test_the_path_step_finds_what_make_setup_installed() -> None:
+    """The README's step, run as written from the repository root with nothing of ours on PATH."""
+    import subprocess
+
+    step = f'export PATH="{PATH_STEP[1].removeprefix("PATH=")}"'
+    found = subprocess.run(["bash", "-c", f"{step} && command -v helm && command -v gemma3-ray"], cwd=ROOT,
+                           env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)}, capture_output=True, text=True, timeout=30)
+    assert found.returncode == 0, found.stderr
+    helm, plugin = found.stdout.split()
+    assert helm == str(ROOT / INSTALLED_BY_SETUP["helm"] / "helm")
+    assert plugin == str(ROOT / INSTALLED_BY_SETUP["gemma3-ray"] / "gemma3-ray")
+
+
 def test_plugin_commands_table_parses() -> None:
     """Every row of plugin/README.md's command table, optional parts included, is accepted."""
     from gemma3_ray.cli import build_parser

@@ -76,7 +76,7 @@ lint: setup  ## ruff
 
 test: setup  ## the test suite (offline; CPU)
 	$(PY) -m ruff check .
-	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q tests
+	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q --durations=10 tests
 
 e2e: tools venv e2e-parts  ## the chart on a real cluster: $$KUBECONFIG, else a local one-node cluster of real parts
 	$(PY) -m e2e $(ARGS)

@@ -5,8 +5,23 @@
 {{- end -}}
 
 {{/*
+A name shortened to at most "max" characters without losing what told it apart: a longer name keeps
+its first max-6 characters and gets "-" and 5 hex characters of the whole name's sha256, so two names
+that share their first characters stay two names. Arguments: dict "name" <name> "max" <int>.
+*/}}
+{{- define "gemma3-ray.shorten" -}}
+{{- if le (len .name) (int .max) -}}
+{{- .name -}}
+{{- else -}}
+{{- printf "%s-%s" (regexReplaceAll "-+$" (.name | trunc (int (sub .max 6))) "") (sha256sum .name | trunc 5) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Full name: at most 40 characters so KubeRay's derived names (a RayJob's cluster gets a
-"-xxxxx" suffix, its head service "-head-svc") stay within the 47/63-character limits.
+"-xxxxx" suffix, its head service "-head-svc") stay within the 47/63-character limits. A longer
+release-based name is shortened with a hash of the whole name (gemma3-ray.shorten): two releases
+whose names share their first 40 characters never share objects.
 */}}
 {{- define "gemma3-ray.fullname" -}}
 {{- $name := "" -}}
@@ -20,7 +35,7 @@ Full name: at most 40 characters so KubeRay's derived names (a RayJob's cluster 
 {{- $name = printf "%s-%s" .Release.Name $base -}}
 {{- end -}}
 {{- end -}}
-{{- $name = $name | trunc 40 | trimSuffix "-" -}}
+{{- $name = include "gemma3-ray.shorten" (dict "name" $name "max" 40) -}}
 {{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
 {{- fail (printf "fullnameOverride / release name: %q is not a valid KubeRay name (lowercase letters, digits and '-', starting with a letter); set fullnameOverride" $name) -}}
 {{- end -}}
@@ -32,8 +47,8 @@ Full name: at most 40 characters so KubeRay's derived names (a RayJob's cluster 
 {{- end -}}
 
 {{- define "gemma3-ray.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "gemma3-ray.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "gemma3-ray.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end -}}
 
 {{/*
@@ -46,10 +61,10 @@ app.kubernetes.io/ and helm.sh/ keys, so none is repeated), then the standard on
 {{- end -}}
 
 {{- define "gemma3-ray.standardLabels" -}}
-helm.sh/chart: {{ include "gemma3-ray.chart" . }}
+helm.sh/chart: {{ include "gemma3-ray.chart" . | quote }}
 {{ include "gemma3-ray.selectorLabels" . }}
 app.kubernetes.io/version: {{ include "gemma3-ray.rayVersion" . | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 app.kubernetes.io/part-of: gemma3-ray
 {{- end -}}
 
@@ -97,8 +112,8 @@ app.kubernetes.io/created-by on Ray pods, so pods are selected by instance + com
 Arguments: dict "root" $ "component" "ray-head"|"ray-worker"|"submitter"|"test".
 */}}
 {{- define "gemma3-ray.podSelectorLabels" -}}
-app.kubernetes.io/instance: {{ .root.Release.Name }}
-app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
+app.kubernetes.io/component: {{ .component | quote }}
 {{- end -}}
 
 {{/*
@@ -149,7 +164,7 @@ A new name per revision lets Helm itself create the new job and delete the old o
 (it is no longer in the manifest), delete it on uninstall and re-apply the old revision's on
 rollback: no hook, so no pod is needed for any of these. KubeRay refuses RayJob names over 47
 characters (ValidateRayJobMetadata: MaxRayJobNameLength = 53 - 6, its cluster's suffix) that are
-not DNS-1035 labels, so the base is shortened, never the suffix.
+not DNS-1035 labels, so the base is shortened (with a hash of the full name), never the suffix.
 */}}
 {{- define "gemma3-ray.rayJobSuffix" -}}
 {{- .Values.rayJob.runId | default (printf "r%d" (int .Release.Revision)) -}}
@@ -157,7 +172,7 @@ not DNS-1035 labels, so the base is shortened, never the suffix.
 
 {{- define "gemma3-ray.rayJobName" -}}
 {{- $suffix := include "gemma3-ray.rayJobSuffix" . -}}
-{{- $base := include "gemma3-ray.fullname" . | trunc (int (sub 46 (len $suffix))) | trimSuffix "-" -}}
+{{- $base := include "gemma3-ray.shorten" (dict "name" (include "gemma3-ray.fullname" .) "max" (sub 46 (len $suffix))) -}}
 {{- printf "%s-%s" $base $suffix -}}
 {{- end -}}
 
@@ -248,11 +263,30 @@ so the package holds each file once, by its own name.
 {{- toJson (list "..*") -}}
 {{- end -}}
 
+{{/*
+The trainer files the ConfigMap carries, as JSON {name: text}: the trainer's Python modules and
+requirements.txt, by explicit patterns. Never "every file in files/trainer": a chart vendored as a
+plain directory in another chart's charts/ is loaded without its own .helmignore, so the trainer
+README, notes or editor files there would ship and change the ConfigMap's hash.
+*/}}
+{{- define "gemma3-ray.trainerFiles" -}}
+{{- $files := dict -}}
+{{- range $pattern := list "files/trainer/*.py" "files/trainer/requirements.txt" -}}
+{{- range $path, $bytes := $.Files.Glob $pattern -}}
+{{- if not (hasPrefix "." (base $path)) -}}
+{{- $_ := set $files (base $path) (toString $bytes) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $files -}}
+{{- end -}}
+
 {{/* The trainer ConfigMap name carries a hash of the files' names and contents. */}}
 {{- define "gemma3-ray.trainerConfigMapName" -}}
 {{- $acc := list -}}
-{{- range $path, $bytes := .Files.Glob "files/trainer/*" -}}
-{{- $acc = append $acc (printf "%s\n%s" (base $path) ($bytes | toString | sha256sum)) -}}
+{{- $files := include "gemma3-ray.trainerFiles" . | fromJson -}}
+{{- range $name := keys $files | sortAlpha -}}
+{{- $acc = append $acc (printf "%s\n%s" $name (index $files $name | sha256sum)) -}}
 {{- end -}}
 {{- printf "%s-trainer-%s" (include "gemma3-ray.fullname" .) (join "\n" $acc | sha256sum | trunc 10) -}}
 {{- end -}}

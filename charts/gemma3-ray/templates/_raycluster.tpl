@@ -21,18 +21,18 @@ metadata:
     {{- . | nindent 4 }}
   {{- end }}
 spec:
-  serviceAccountName: {{ include "gemma3-ray.serviceAccountName" $root }}
+  serviceAccountName: {{ include "gemma3-ray.serviceAccountName" $root | quote }}
   {{- /* Only the autoscaler sidecar (head, autoscaling on) talks to the Kubernetes API. */}}
   automountServiceAccountToken: {{ and $isHead $v.workers.autoscaling.enabled }}
   securityContext:
     {{- include "gemma3-ray.securityContext" (dict "root" $root "role" .role "kind" "pod") | nindent 4 }}
   {{- with $g.priorityClassName }}
-  priorityClassName: {{ . }}
+  priorityClassName: {{ . | quote }}
   {{- end }}
   {{- with $v.image.pullSecrets }}
   imagePullSecrets:
     {{- range . }}
-    - name: {{ . }}
+    - name: {{ . | quote }}
     {{- end }}
   {{- end }}
   {{- $nodeSelector := ternary $v.head.nodeSelector (include "gemma3-ray.workerNodeSelector" $root | fromJson) $isHead }}
@@ -55,8 +55,8 @@ spec:
   {{- end }}
   containers:
     - name: {{ ternary "ray-head" "ray-worker" $isHead }}
-      image: {{ include "gemma3-ray.image" (dict "root" $root "role" .role) }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+      image: {{ include "gemma3-ray.image" (dict "root" $root "role" .role) | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy | quote }}
       {{- if $isHead }}
       ports:
         - name: gcs-server
@@ -76,8 +76,8 @@ spec:
         - name: HF_TOKEN
           valueFrom:
             secretKeyRef:
-              name: {{ include "gemma3-ray.hfSecretName" $root }}
-              key: {{ $v.hfToken.secretKey }}
+              name: {{ include "gemma3-ray.hfSecretName" $root | quote }}
+              key: {{ $v.hfToken.secretKey | quote }}
         {{- end }}
         {{- with $g.extraEnv }}
         {{- toYaml . | nindent 8 }}
@@ -97,7 +97,7 @@ spec:
             command: ["/bin/sh", "-c", "ray stop"]
       volumeMounts:
         - name: scratch
-          mountPath: {{ $v.scratch.mountPath }}
+          mountPath: {{ $v.scratch.mountPath | quote }}
         {{- include "gemma3-ray.writableMounts" (dict "root" $root "role" .role) | nindent 8 }}
         {{- if and (not $isHead) $v.workers.shmSize }}
         - name: dshm
@@ -110,7 +110,7 @@ spec:
     - name: scratch
       {{- if $v.scratch.sizeLimit }}
       emptyDir:
-        sizeLimit: {{ $v.scratch.sizeLimit }}
+        sizeLimit: {{ $v.scratch.sizeLimit | quote }}
       {{- else }}
       emptyDir: {}
       {{- end }}
@@ -119,7 +119,7 @@ spec:
     - name: dshm
       emptyDir:
         medium: Memory
-        sizeLimit: {{ $v.workers.shmSize }}
+        sizeLimit: {{ $v.workers.shmSize | quote }}
     {{- end }}
     {{- with $g.extraVolumes }}
     {{- toYaml . | nindent 4 }}
@@ -139,7 +139,7 @@ enableInTreeAutoscaling: true
 autoscalerOptions:
   upscalingMode: Default
   idleTimeoutSeconds: {{ $w.autoscaling.idleTimeoutSeconds }}
-  imagePullPolicy: {{ $v.image.pullPolicy }}
+  imagePullPolicy: {{ $v.image.pullPolicy | quote }}
   resources:
     {{- toYaml $w.autoscaling.resources | nindent 4 }}
   {{- /* The sidecar runs in the head pod: the head's container security context, and with a
@@ -160,7 +160,7 @@ headGroupSpec:
   template:
     {{- include "gemma3-ray.podTemplate" (dict "root" . "role" "head") | nindent 4 }}
 workerGroupSpecs:
-  - groupName: {{ $w.groupName }}
+  - groupName: {{ $w.groupName | quote }}
     {{- if $w.autoscaling.enabled }}
     replicas: {{ $w.autoscaling.minReplicas }}
     minReplicas: {{ $w.autoscaling.minReplicas }}

@@ -70,6 +70,8 @@ RECIPES: dict[str, tuple[Any, ...]] = {
     "compile_vision":             (False,  False,    False),
     "fused_lora":                 (True,   False,    False),
     "vision_attention":           ("cudnn", "sdpa",  "sdpa"),
+    "lm_attention":               ("cudnn", "sdpa",  "sdpa"),
+    "lean_step":                  (True,   False,    False),
 }
 # Values only a GPU worker can use: flag -> (value, why and the fix on CPU).
 GPU_ONLY: dict[str, tuple[Any, str]] = {
@@ -178,6 +180,11 @@ class TrainArguments:
                                          "copies (Triton; same semantics as PEFT's layer; default: from --recipe).")
     vision_attention: Literal["sdpa", "cudnn"] | None = flag(
         None, "SigLIP attention kernel: SDPA's choice or cuDNN's fused attention first (default: from --recipe).")
+    lm_attention: Literal["sdpa", "cudnn"] | None = flag(
+        None, "Language-model attention kernel: Transformers' SDPA path (kv heads repeated) or cuDNN's fused attention "
+              "with grouped kv heads (Hopper and newer; default: from --recipe).")
+    lean_step: bool | None = flag(None, "No host syncs inside an optimizer step: the image-token check on the GPU, "
+                                        "TRL's metrics read when logged (default: from --recipe).")
     image_feature_cache_gib: float = flag(
         8.0, "With freeze_vision: GPU memory for image features reused across epochs (0: off).", min=0)
     sample_rows: int = flag(8, "Eval rows (fixed, spread over the split) whose description the end of the run "
@@ -202,7 +209,7 @@ RESTART_FREE = (
     "num_workers", "min_workers", "per_device_train_batch_size", "accelerator_type", "installer", "extra_pip",
     "max_failures", "cache_dir", "dataloader_num_workers",
     "recipe", "attn_implementation", "gradient_checkpointing", "use_liger_kernel", "compile_vision", "fused_lora",
-    "vision_attention", "image_feature_cache_gib",
+    "vision_attention", "lm_attention", "lean_step", "image_feature_cache_gib",
     "push_to_hub", "hub_model_id", "merge_adapter", "sample_rows", "sample_max_new_tokens", "sample_batch_size",
     "sample_time_budget_s", "sample_at_eval",
 )

@@ -85,11 +85,11 @@ PLAIN_TRL_FLAGS = {
     # TRL + PEFT as a careful user writes it: bf16, sdpa, no checkpointing, batch 8, but no Liger, PEFT's
     # fp32 adapters, no loader processes and none of this project's levers
     "use_liger_kernel": "false", "adapter_dtype": "fp32", "dataloader_num_workers": 0,
-    "fused_lora": "false", "vision_attention": "sdpa",
+    "fused_lora": "false", "vision_attention": "sdpa", "lm_attention": "sdpa", "lean_step": "false",
     "per_device_train_batch_size": 8, "global_batch_size": 64,
 }
 ROUND1_FLAGS = {  # the fast recipe as round 1 left it (before fused LoRA and cuDNN SigLIP attention)
-    "fused_lora": "false", "vision_attention": "sdpa",
+    "fused_lora": "false", "vision_attention": "sdpa", "lm_attention": "sdpa", "lean_step": "false",
     "per_device_train_batch_size": 8, "global_batch_size": 64,
 }
 RECIPES: dict[str, dict[str, Any]] = {

@@ -92,3 +92,15 @@ def test_epoch_log_prints_reused_and_computed_features(tiny_model: Path, capsys:
     log.on_epoch_end(SimpleNamespace(process_index=1), SimpleNamespace(epoch=2.0), None)  # rank 1 prints nothing
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("[trainer] image features at epoch 2.00: 2 reused, 2 computed, ")
+
+
+def test_apply_reports_the_step_levers(tiny_model: Path) -> None:
+    import speed_levers
+
+    args = parse_args([*CPU, f"--model_id={tiny_model}", "--attn_implementation=sdpa", "--lm_attention=cudnn",
+                       "--lean_step=true"])
+    model = get_peft_model(load_model(args, tiny_model, torch.device("cpu")), lora_config(args))
+    levers = speed_levers.apply(args, model)
+    # no Hopper GPU here: the language model keeps Transformers' attention; the image-token check moves on device
+    assert levers["lm_attention"] == {"cudnn_gqa_layers": 0}
+    assert levers["lean_step"] == {"device_image_token_check": True, "deferred_metrics": False}

@@ -104,8 +104,13 @@ def keep_mask(seed: int, m: int, k: int, p: float, device=None):
 # The adapter's A side: forward h, backward gx and gA (Triton on a GPU, PyTorch elsewhere)
 # ------------------------------------------------------------------------------------------------
 def _fwd_config(m: int, n: int) -> tuple[int, int, int]:
-    """(BM, BK, warps) of lora_fwd: 64-row tiles where they fill the GPU, else 32 (mma.sync)."""
-    return (64 if m >= 64 * 264 else 32), 64 if n > 1 else 128, (8 if n > 1 else 4)
+    """(BM, BK, warps) of lora_fwd: the fastest of a sweep at Gemma 3 4B's shapes on an H200 (bench/RESULTS.md)."""
+    return (64, 64, 4) if n > 2 and m >= 64 * 264 else (32, 128, 4)
+
+
+def _bwd_config(n: int) -> tuple[int, int, int]:
+    """(BM, BK, warps) of lora_bwd, likewise."""
+    return (64, 64, 4) if n > 1 else (32, 64, 4)
 
 
 def _a_forward(x2, a_list, seed: int, p: float, scale: float):
@@ -154,7 +159,7 @@ def _a_backward(x2, gs, a_list, bits, gx, p: float, scale: float):
     from fast_lora_kernels import lora_bwd
 
     kb8 = -(-k // 8)
-    bm, bk = 64, 64
+    bm, bk, warps = _bwd_config(n)
     n_k = triton.cdiv(k, bk)
     chunks = max(1, min(triton.cdiv(m, bm), -(-4 * 132 // n_k)))
     rows_per = triton.cdiv(triton.cdiv(m, chunks), bm) * bm
@@ -163,7 +168,7 @@ def _a_backward(x2, gs, a_list, bits, gx, p: float, scale: float):
     gx_arg = gx if gx is not None else x2  # unused when HAS_GX is false
     a0, a1, a2 = (a_list + [a_list[0]] * 2)[:3]
     lora_bwd[(n_m, n_k)](x2, gx_arg, gs, a0, a1, a2, bits, ga, m, k, kb8, x2.stride(0), gx_arg.stride(0), rows_per,
-                         scale, NS=n, R=a0.shape[0], BM=bm, BK=bk, HAS_GX=gx is not None, num_warps=8)
+                         scale, NS=n, R=a0.shape[0], BM=bm, BK=bk, HAS_GX=gx is not None, num_warps=warps)
     total = ga.sum(dim=1) if n_m > 1 else ga[:, 0]
     return list(total.unbind(0))
 

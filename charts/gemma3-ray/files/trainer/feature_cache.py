@@ -65,11 +65,9 @@ class ImageFeatureCache:
         flat = pixel_values.reshape(pixel_values.shape[0], -1)
         ints = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[flat.element_size()]
         w = self._w(flat.device, flat.shape[1])
-        out = []
-        for row in flat:  # one image at a time: bounded temporaries
-            bits = row.contiguous().view(ints).to(torch.int64)
-            out.append(tuple(int(v) for v in (w * bits).sum(dim=1).tolist()))
-        return out
+        # one image at a time (bounded temporaries), read back once per batch (one host sync, not one per image)
+        sums = torch.stack([(w * row.contiguous().view(ints).to(torch.int64)).sum(dim=1) for row in flat])
+        return [tuple(int(v) for v in pair) for pair in sums.tolist()]
 
     def put(self, key: tuple[int, int], features) -> None:
         size = features.numel() * features.element_size()

@@ -1,7 +1,8 @@
 """The speed levers a worker applies to its model after PEFT (bench/RESULTS.md measures each).
 
-Fused LoRA layers, SigLIP's attention kernel, image-feature reuse under a frozen vision tower; torch is
-imported only by the modules these call, inside worker code.
+Fused LoRA layers, SigLIP's and the language model's attention kernels, a step without host syncs,
+image-feature reuse under a frozen vision tower; torch is imported only by the modules these call,
+inside worker code.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from typing import Any
 
 
 def apply(args, model, trainer=None) -> dict[str, Any]:
-    """The fused LoRA layers, cuDNN attention in SigLIP, and image-feature reuse (its per-epoch log goes to
-    `trainer`) (bench/RESULTS.md)."""
+    """The fused LoRA layers, cuDNN attention in SigLIP and the language model, the lean step (on `trainer`),
+    and image-feature reuse (its per-epoch log goes to `trainer`) (bench/RESULTS.md)."""
     import feature_cache
 
     levers: dict[str, Any] = {}
@@ -26,6 +27,15 @@ def apply(args, model, trainer=None) -> dict[str, Any]:
 
         vision_attention.prefer_cudnn(core.vision_tower)
         levers["vision_attention"] = "cudnn"
+    if args.lm_attention == "cudnn" and args.attn_implementation == "sdpa":
+        import step_levers
+
+        levers["lm_attention"] = {"cudnn_gqa_layers": step_levers.lm_attention_cudnn(core.language_model)}
+    if args.lean_step:
+        import step_levers
+
+        levers["lean_step"] = {"device_image_token_check": step_levers.device_image_token_check(core),
+                               "deferred_metrics": trainer is not None and step_levers.deferred_metrics(trainer)}
     if args.freeze_vision and args.image_feature_cache_gib > 0:
         cache = levers["image_feature_cache"] = feature_cache.attach(model, args.image_feature_cache_gib)
         if trainer is not None:

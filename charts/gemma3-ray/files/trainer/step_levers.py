@@ -1,0 +1,129 @@
+"""Levers on a training step's host side and the language model's attention (bench/RESULTS.md measures them).
+
+- `lm_attention_cudnn`: Gemma 3's language-model attention through cuDNN's fused kernel with grouped kv
+  heads (SDPA with `enable_gqa`), the mask as is. Transformers' SDPA path repeats the kv heads whenever
+  there is a mask (always, with an image block), which PyTorch then runs with its sm80 memory-efficient
+  kernel; same function, same mask, a Hopper kernel and no repeated-kv copies.
+- `lean_step`: no host synchronisation inside an optimizer step. Transformers' image-token check reads a
+  count back from the GPU after the vision tower is queued, and TRL's per-micro-batch metrics
+  (entropy, token accuracy, tokens) read three more after the forward: each makes the CPU wait for the
+  GPU, which then waits, idle, for the CPU to queue the next kernels. Here the image-token check runs on
+  the device (`torch._assert_async`), and the metrics stay on the GPU until the step is logged; the loss,
+  its gradients and the logged values are the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MARK = "_gemma3_ray_cudnn_gqa"
+
+
+def lm_attention_cudnn(language_model, require_hopper: bool = True) -> int:
+    """Route the attention of `language_model`'s layers (modules with kv groups) through cuDNN with GQA;
+    returns how many. Other models in the process keep Transformers' SDPA path. Without a Hopper (or newer)
+    GPU nothing changes (`require_hopper=False`: SDPA's own choice of kernel, with GQA: tests on CPU)."""
+    import torch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if require_hopper and (not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0)):
+        return 0  # cuDNN's fused attention with a mask and GQA: Hopper and newer
+    marked = 0
+    for module in language_model.modules():
+        if getattr(module, "num_key_value_groups", 0) >= 1 and hasattr(module, "q_proj"):
+            setattr(module, MARK, True)
+            marked += 1
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if getattr(original, MARK, False):
+        return marked
+
+    def sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+             **kwargs: Any):
+        mask = attention_mask
+        if (not getattr(module, MARK, False) or dropout or kwargs.get("position_bias") is not None
+                or (mask is not None and mask.dtype != torch.bool) or query.shape[2] == 1):
+            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        causal = mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                          SDPBackend.MATH], set_priority=True):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, scale=scaling, is_causal=causal,
+                enable_gqa=key.shape[1] != query.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+
+    setattr(sdpa, MARK, True)
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
+    return marked
+
+
+def device_image_token_check(core) -> bool:
+    """`core` (Gemma3Model)'s image-token check without a host sync: the same mask, the count compared on
+    the GPU (a mismatch stops the step with a device-side assertion naming it)."""
+    import torch
+
+    original = getattr(core, "get_placeholder_mask", None)
+    image_token_id = getattr(core.config, "image_token_id", None)
+    if original is None or image_token_id is None:
+        return False
+
+    def get_placeholder_mask(input_ids, inputs_embeds, image_features):
+        if input_ids is None:
+            return original(input_ids, inputs_embeds, image_features)
+        mask = input_ids == image_token_id
+        torch._assert_async(mask.sum() * inputs_embeds.shape[-1] == image_features.numel(),
+                            "Image features and image tokens do not match")
+        return mask.unsqueeze(-1).to(inputs_embeds.device)
+
+    core.get_placeholder_mask = get_placeholder_mask
+    return True
+
+
+def deferred_metrics(trainer) -> bool:
+    """TRL's training loss as TRL computes it, its metrics kept on the GPU until `trainer.log` reads them."""
+    import torch
+
+    original_loss, original_log = trainer.compute_loss, trainer.log
+    metrics = getattr(trainer, "_metrics", None)
+    if metrics is None or not hasattr(trainer, "_total_train_tokens"):
+        return False  # not the TRL SFTTrainer this was written against
+    pending: list[Any] = []  # GPU token counts not yet added to _total_train_tokens
+
+    def plain(model) -> bool:
+        return bool(trainer.model.training and trainer.compute_loss_func is None and trainer.label_smoother is None
+                    and getattr(trainer.args, "loss_type", "nll") == "nll" and not trainer.aux_loss_enabled
+                    and getattr(trainer.accelerator, "parallelism_config", None) is None)
+
+    def compute_loss(model, inputs, return_outputs=False, num_items_in_batch=None):
+        if return_outputs or not plain(model):
+            return original_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        inputs["use_cache"] = False
+        outputs = model(**inputs, fused_lm_head=True)
+        num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
+        loss = (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
+        if trainer.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * (trainer.accelerator.num_processes // trainer.get_tp_size())
+        gather = trainer.accelerator.gather_for_metrics
+        valid = gather(outputs.label_mask.sum()).sum().clamp(min=1)  # entropy and hits are 0 without labels
+        metrics["train"]["entropy"].append(gather(outputs.entropy.detach().sum()).sum() / valid)
+        metrics["train"]["mean_token_accuracy"].append(gather(outputs.is_top1.sum()).sum() / valid)
+        pending.append(gather(inputs["attention_mask"].sum()).sum())
+        return loss
+
+    def log(logs, *args: Any, **kwargs: Any):
+        for values in metrics["train"].values():
+            tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+            if tensors:
+                read = torch.stack([values[i].float() for i in tensors]).tolist()  # one sync for the list
+                for i, v in zip(tensors, read, strict=True):
+                    values[i] = v
+        if pending:
+            trainer._total_train_tokens += int(torch.stack(pending).sum()) // trainer._tp_size
+            pending.clear()
+            metrics["train"]["num_tokens"] = [trainer._total_train_tokens]
+        return original_log(logs, *args, **kwargs)
+
+    trainer.compute_loss, trainer.log = compute_loss, log
+    return True

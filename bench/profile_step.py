@@ -74,21 +74,47 @@ def summarise(kernels: list[tuple[str, float]], step_wall_s: float | None, captu
 PYTHON_FRAME = re.compile(r"\.py\(\d+\): |^<built-in ")
 
 
-def _device_us(e) -> float:
-    return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0) or 0.0)
+SKIP_FRAME = re.compile(r"torch/(nn/modules|autograd|utils|_ops|_tensor|overrides|profiler)|<built-in|threading.py|"
+                        r"accelerate/|transformers/trainer\.py|trainer_callback")
 
 
-def _caller(op) -> str:
+def _caller(op, depth: int = 3) -> str:
+    """An op and who called it: its aten parents (2), then the nearest Python frames outside torch (`depth`)."""
     if op is None:
         return "(launch not found)"
-    frames = [f for f in (op.stack or []) if not re.search(r"torch/(nn/modules|autograd|utils)/|/_tensor.py|<built-in", f)]
-    return " <- ".join([op.name, *[re.sub(r"^.*site-packages/", "", f) for f in frames[:3]]])
+    atens, frames = [], list(getattr(op, "stack", None) or [])
+    parent = getattr(op, "cpu_parent", None)
+    while parent is not None and (len(atens) < 2 or len(frames) < depth + 4):
+        if PYTHON_FRAME.search(parent.name):
+            frames.append(parent.name)
+        elif len(atens) < 2 and not frames:
+            atens.append(parent.name)
+        parent = getattr(parent, "cpu_parent", None)
+    frames = [re.sub(r"^.*site-packages/", "", f) for f in frames if not SKIP_FRAME.search(f)][:depth]
+    return " <- ".join([op.name, *atens, *frames])
+
+
+def launches(events) -> dict[int, Any]:
+    """id(kernel event) -> the CPU op that launched it: each op's kernels (by name) matched in launch order."""
+    from collections import defaultdict, deque
+
+    ops = sorted((e for e in events if "CPU" in str(e.device_type) and getattr(e, "kernels", None)),
+                 key=lambda e: e.time_range.start)
+    queues: dict[str, deque] = defaultdict(deque)
+    for op in ops:
+        for k in op.kernels:
+            queues[k.name].append(op)
+    out = {}
+    for k in sorted((e for e in events if "CUDA" in str(e.device_type)), key=lambda e: e.time_range.start):
+        if queues[k.name]:
+            out[id(k)] = queues[k.name].popleft()
+    return out
 
 
 def idle_by_caller(prof) -> tuple[float, list[tuple[str, float, int]]]:
     """(total idle µs between the first and last kernel, [(caller, idle µs, intervals)] largest first)."""
     events = prof.events()
-    ops = {e.id: e for e in events if "CPU" in str(e.device_type) and not PYTHON_FRAME.search(e.name)}
+    launched = launches(events)
     kernels = sorted((e for e in events if "CUDA" in str(e.device_type)), key=lambda e: e.time_range.start)
     busy_end, total, by = None, 0.0, {}
     for k in kernels:
@@ -96,12 +122,22 @@ def idle_by_caller(prof) -> tuple[float, list[tuple[str, float, int]]]:
         if busy_end is not None and start > busy_end:
             idle = start - busy_end
             total += idle
-            key = _caller(ops.get(getattr(k, "linked_correlation_id", -1)))
-            agg = by.setdefault(key, [0.0, 0])
+            agg = by.setdefault(_caller(launched.get(id(k))), [0.0, 0])
             agg[0] += idle
             agg[1] += 1
         busy_end = end if busy_end is None else max(busy_end, end)
     return total, sorted(((k, v[0], v[1]) for k, v in by.items()), key=lambda t: -t[1])
+
+
+def copies_by_caller(prof) -> list[tuple[str, float, int]]:
+    """GPU time of copy and add kernels by the op and Python frames that launched them, largest first."""
+    by: dict[str, list] = {}
+    for e in prof.events():
+        if "CPU" in str(e.device_type) and e.name in ("aten::copy_", "aten::add", "aten::add_") and e.kernels:
+            agg = by.setdefault(_caller(e), [0.0, 0])
+            agg[0] += sum(k.duration for k in e.kernels)
+            agg[1] += 1
+    return sorted(((k, v[0], v[1]) for k, v in by.items()), key=lambda t: -t[1])
 
 
 def report(summary: dict[str, Any], prof) -> str:
@@ -124,16 +160,10 @@ def report(summary: dict[str, Any], prof) -> str:
         except (AttributeError, KeyError, ValueError):
             table = "(no op table)"
     lines += ["", "OPS BY GPU TIME", table]
-    try:  # copies and adds by the Python stack that called them (needs with_stack)
-        stacks = [e for e in prof.key_averages(group_by_stack_n=6)
-                  if e.key in ("aten::copy_", "aten::clone", "aten::contiguous", "aten::add", "aten::add_")]
-        stacks.sort(key=lambda e: -_device_us(e))
-        lines += ["", "COPIES AND ADDS BY CALLER (top 25 by GPU time)"]
-        for e in stacks[:25]:
-            ms = _device_us(e) / 1e3
-            lines.append(f"  {ms:>8.2f} ms {e.count:>6}x {e.key}")
-            lines += [f"        {frame}" for frame in (e.stack or [])[:6]]
-    except Exception as exc:  # grouping by stack is a bonus; the summary above stands without it
+    try:  # copies and adds by the op and Python frames that launched them
+        lines += ["", "COPIES AND ADDS BY CALLER (top 30 by GPU time)"]
+        lines += [f"  {us / 1e3:>8.2f} ms {n:>6}x {key}" for key, us, n in copies_by_caller(prof)[:30]]
+    except Exception as exc:  # a bonus; the summary above stands without it
         lines.append(f"(copies by caller unavailable: {type(exc).__name__}: {exc})")
     try:
         total, callers = idle_by_caller(prof)

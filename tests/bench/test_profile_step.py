@@ -58,20 +58,27 @@ def test_profiled_row_on_cpu_keeps_its_timed_steps(tmp_path: Path) -> None:
 def test_idle_time_is_charged_to_the_caller_that_launched_the_next_kernel() -> None:
     from types import SimpleNamespace as NS
 
-    def ev(id_, name, dev, start, end, link=-1, stack=()):
-        return NS(id=id_, name=name, device_type=f"DeviceType.{dev}", time_range=NS(start=start, end=end),
-                  linked_correlation_id=link, stack=list(stack))
+    def ev(name, dev, start, end, kernels=(), parent=None):
+        return NS(name=name, device_type=f"DeviceType.{dev}", time_range=NS(start=start, end=end),
+                  kernels=[NS(name=k, duration=d) for k, d in kernels], cpu_parent=parent, stack=[])
 
+    frame = ev("modeling_gemma3.py(352): forward", "CPU", 0, 9)
+    module = ev("torch/nn/modules/module.py(1775): _call_impl", "CPU", 0, 9, parent=frame)
+    lora = ev("fast_lora.py(120): forward", "CPU", 0, 5)
+    clone = ev("aten::clone", "CPU", 6, 8, parent=module)
     events = [
-        ev(1, "aten::mm", "CPU", 0, 5, stack=["fast_lora.py(120): forward", "torch/nn/modules/module.py(1): _call"]),
-        ev(2, "aten::copy_", "CPU", 6, 7, stack=["modeling_gemma3.py(352): forward"]),
-        ev(3, "modeling_gemma3.py(352): forward", "CPU", 0, 9),  # a Python frame event, never a launcher
-        ev(10, "nvjet_gemm", "CUDA", 10, 20, link=1),
-        ev(11, "nvjet_gemm2", "CUDA", 15, 25, link=1),  # overlaps: no idle
-        ev(12, "direct_copy_kernel", "CUDA", 40, 45, link=2),  # 15 µs idle before it, launched by aten::copy_
-        ev(13, "direct_copy_kernel", "CUDA", 50, 51, link=2),  # 5 more
-        ev(14, "lora_fwd", "CUDA", 61, 62, link=99),  # 10, launch not found
+        frame, module, lora, clone,
+        ev("aten::mm", "CPU", 0, 5, kernels=[("nvjet_gemm", 10), ("nvjet_gemm2", 10)], parent=lora),
+        ev("aten::copy_", "CPU", 6, 7, kernels=[("direct_copy_kernel", 5)], parent=clone),
+        ev("aten::copy_", "CPU", 7, 8, kernels=[("direct_copy_kernel", 1)], parent=clone),
+        ev("nvjet_gemm", "CUDA", 10, 20),
+        ev("nvjet_gemm2", "CUDA", 15, 25),  # overlaps: no idle
+        ev("direct_copy_kernel", "CUDA", 40, 45),  # 15 µs idle before it, launched by the first copy_
+        ev("direct_copy_kernel", "CUDA", 50, 51),  # 5 more
+        ev("lora_fwd", "CUDA", 61, 62),  # 10, no op launched it
     ]
     total, callers = profile_step.idle_by_caller(NS(events=lambda: events))
     assert total == 30
-    assert callers == [("aten::copy_ <- modeling_gemma3.py(352): forward", 20, 2), ("(launch not found)", 10, 1)]
+    want = "aten::copy_ <- aten::clone <- modeling_gemma3.py(352): forward"  # torch's module frames left out
+    assert callers == [(want, 20, 2), ("(launch not found)", 10, 1)]
+    assert profile_step.copies_by_caller(NS(events=lambda: events)) == [(want, 6, 2)]

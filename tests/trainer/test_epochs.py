@@ -67,8 +67,27 @@ def test_a_global_batch_larger_than_the_rows_is_refused() -> None:
     from epochs import check_rows
 
     with pytest.raises(UsageError, match=r"^global_batch_size=64 is more than the 5 training rows \(of 6, 1 held "
-                                         r"out for eval\): lower --global_batch_size to at most 5, or add rows$"):
-        check_rows(5, 64, "of 6, 1 held out for eval")
-    assert check_rows(64, 64, "") == {"rows_per_epoch": 64, "rows_left_out_per_epoch": 0, "steps_per_epoch": 1}
+                                         r"out for eval\): use --global_batch_size=5 \(the most that 5 rows fill and "
+                                         r"1 worker split exactly\), or add rows$"):
+        check_rows(5, 64, "of 6, 1 held out for eval", [1])
+    assert check_rows(64, 64, "", [1]) == {"rows_per_epoch": 64, "rows_left_out_per_epoch": 0, "steps_per_epoch": 1}
 
 
+@pytest.mark.parametrize(("rows", "counts", "advice"), [
+    (5, [2], "use --global_batch_size=4 (the most that 5 rows fill and 2 workers split exactly), or add rows"),
+    (13, [2, 3, 4], "use --global_batch_size=12 (the most that 13 rows fill and every worker count 2..4 split "
+                    "exactly), or add rows"),
+    (10, [2, 3, 4], "add rows (every worker count 2..4 splits only a global batch of 12 or more), or use fewer workers"),
+])
+def test_the_advice_is_a_global_batch_that_is_itself_accepted(rows: int, counts: list[int], advice: str) -> None:
+    """#27.14: 5 rows on 2 workers advised `at most 5`, which the workers' split refuses (4 is valid)."""
+    from elastic import run_shapes
+    from epochs import check_rows
+
+    with pytest.raises(UsageError) as err:
+        check_rows(rows, 16, f"of {rows} rows", counts)
+    assert str(err.value).endswith(f": {advice}")
+    if advice.startswith("use"):
+        advised = int(advice.split("=")[1].split()[0])
+        run_shapes(advised, 2, counts[-1], counts[0] if len(counts) > 1 else None)  # accepted: no BatchSplitError
+        assert check_rows(rows, advised, "", counts)["steps_per_epoch"] == 1

@@ -358,8 +358,9 @@ def prepare_data(args: TrainArguments, processor, emulator_host: str | None, sca
     return train, evaluation, Collator(encoder, image_base, emulator_host, cache, skip_log, train), stats
 
 
-def check_dataset_before_download(args: TrainArguments, emulator_host: str | None, version: str = "") -> None:
-    """Columns of the data, checked before any model download (reads only the schema where it can)."""
+def check_dataset_before_download(args: TrainArguments, emulator_host: str | None, version: str = "") -> int | None:
+    """Columns of the data, checked before any model download (reads only the schema where it can); the number of
+    rows when it is known without reading them (parquet metadata, a dataset loaded here), else None."""
     mapping = column_mapping(args)
     name = args.dataset_name
     if is_file_source(name) and not name.startswith("gs://"):
@@ -367,16 +368,20 @@ def check_dataset_before_download(args: TrainArguments, emulator_host: str | Non
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
         if not files:
             raise UsageError(f"dataset_name: no .parquet/.jsonl files at {name}")
+        rows = None
         if files[0].suffix == ".parquet":
             import pyarrow.parquet as pq
 
             columns = pq.read_schema(files[0]).names
+            rows = sum(pq.read_metadata(f).num_rows for f in files if f.suffix == ".parquet")
         else:
             with open(files[0]) as fh:
                 first = fh.readline()
             columns = list(json.loads(first).keys()) if first.strip() else []
         check_schema(columns, mapping, name)
-        return
-    check_schema(list(load_rows(args, emulator_host, version)[0].column_names), mapping, name)  # the workers' copy
+        return rows
+    rows = load_rows(args, emulator_host, version)[0]  # the workers' copy
+    check_schema(list(rows.column_names), mapping, name)
+    return len(rows)
 
 

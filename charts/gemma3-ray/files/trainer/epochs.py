@@ -9,9 +9,11 @@ any number of workers.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from flags import UsageError
+from elastic import worker_counts
+from flags import TrainArguments, UsageError
 
 
 def rows_per_epoch(rows: int, global_batch: int) -> dict[str, int]:
@@ -21,12 +23,29 @@ def rows_per_epoch(rows: int, global_batch: int) -> dict[str, int]:
             "steps_per_epoch": steps}
 
 
-def check_rows(rows: int, global_batch: int, what: str) -> dict[str, int]:
-    """`rows_per_epoch`, or UsageError when not one global batch fits in the training rows."""
-    if rows < global_batch:
-        raise UsageError(f"global_batch_size={global_batch} is more than the {rows} training rows ({what}): "
-                         f"lower --global_batch_size to at most {rows}, or add rows")
-    return rows_per_epoch(rows, global_batch)
+def check_rows(rows: int, global_batch: int, what: str, counts: list[int]) -> dict[str, int]:
+    """`rows_per_epoch`, or UsageError when not one global batch fits in the training rows. The advice is itself
+    accepted: the largest global batch the rows fill that every worker count in `counts` splits exactly."""
+    if rows >= global_batch:
+        return rows_per_epoch(rows, global_batch)
+    step = math.lcm(*counts)
+    who = f"{counts[0]} worker{'s' if counts[0] > 1 else ''}" if len(counts) == 1 else \
+        f"every worker count {counts[0]}..{counts[-1]}"
+    best = rows // step * step
+    advice = (f"use --global_batch_size={best} (the most that {rows} rows fill and {who} split exactly), or add rows"
+              if best else f"add rows ({who} split{'s' if len(counts) > 1 else ''} only a global batch of {step} or "
+                           "more), or use fewer workers")
+    raise UsageError(f"global_batch_size={global_batch} is more than the {rows} training rows ({what}): {advice}")
+
+
+def check_known_rows(rows: int | None, args: TrainArguments) -> None:
+    """The driver's check, before any worker starts, of a row count known up front (parquet metadata): the scan can
+    only remove rows, so the training rows are at most `rows` less the eval split."""
+    if rows is None:
+        return
+    held = math.ceil(rows * args.eval_fraction) if args.eval_fraction > 0 else 0
+    check_rows(rows - held, args.global_batch_size, f"of {rows} rows, {held} held out for eval",
+               worker_counts(args.num_workers, args.min_workers))
 
 
 def epoch_line(epoch: dict[str, int], global_batch: int) -> str:

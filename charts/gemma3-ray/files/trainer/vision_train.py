@@ -42,6 +42,7 @@ import startup_timing
 import stored
 from data import check_dataset_before_download
 from elastic import describe, ray_num_workers, run_shapes
+from epochs import check_known_rows
 from flags import UsageError, extra_pip, parse_args
 from runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, set_aside
 from storage import storage_for
@@ -104,13 +105,14 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         if plan.finished is not None:
             return plan.finished
         storage = plan.storage
-        check_dataset_before_download(args, storage.emulator_host, plan.definition["data"]["identity"])
+        rows = check_dataset_before_download(args, storage.emulator_host, plan.definition["data"]["identity"])
+        check_known_rows(rows, args)  # too few rows: refused before any worker, model load or scan
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from e
 
     import ray.train
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer  # TorchTrainer's base: no torch
+    from usage_stop import UsageStopTrainer  # DataParallelTrainer (no torch), no retry of a usage error
 
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
     set_aside(storage, plan)  # Ray Train restores only intact checkpoints (or none), retrains into fresh ones
     if storage.exists(USAGE_ERROR_FILE):  # from an earlier attempt of this run; the inputs may be fixed now
         fs.delete_file(f"{base}/{USAGE_ERROR_FILE}")
-    trainer = DataParallelTrainer(
+    trainer = UsageStopTrainer(
         train_loop_per_worker,
         backend_config=TorchBackendConfig(),
         train_loop_config={
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
     )
     try:
         result = trainer.fit()
-    except Exception:  # a rank stopped the group on a usage error (worker.StopAllRanks): say it, no traceback
+    except Exception:  # a rank stopped the group on a usage error (usage_stop.StopAllRanks): say it, no traceback
         if not storage.exists(USAGE_ERROR_FILE):
             raise
         result = None

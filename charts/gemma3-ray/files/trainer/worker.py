@@ -18,7 +18,7 @@ import report_hook
 import startup_timing
 import stored
 from data import count_by_reason, skipped_line, some_row_ids
-from elastic import BatchShape, describe, split_batch
+from elastic import BatchShape, describe, split_batch, worker_counts
 from epochs import check_rows, epoch_line
 from flags import TrainArguments, UsageError
 from metrics import RunReporter, build_summary, write_summary
@@ -27,6 +27,7 @@ from resume import choose_checkpoint, current_flags_callback
 from runs import FINAL_DIR, MERGED_DIR, TENSORBOARD_DIR, USAGE_ERROR_FILE
 from scan_store import ScanGroup
 from storage import Storage, fetch_model
+from usage_stop import stop_all_ranks
 
 # Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
 CUDA_ALLOC_CONF = "expandable_segments:True"
@@ -60,11 +61,6 @@ def build_callbacks(ctx: WorkerContext, reporter: RunReporter, factories: list[C
         if callback is not None:
             callbacks.append(callback)
     return callbacks
-
-
-class StopAllRanks(RuntimeError):
-    """A usage error on one rank: raised so that Ray Train ends the whole worker group (a rank that only
-    returned would leave the others waiting for it in a collective)."""
 
 
 def train(config: dict[str, Any]) -> None:
@@ -110,11 +106,12 @@ def train(config: dict[str, Any]) -> None:
             refresh.trainer, refresh.stats = trainer, stats
             segments = record_segment(storage, resume.step or 0, world_size, batch) if rank == 0 else []
             check_rows(stats["train_rows"], batch.global_batch, f"of {stats['rows']} rows, "
-                       f"{sum(stats['skipped_rows'].values())} skipped, {stats['eval_rows']} held out for eval")
+                       f"{sum(stats['skipped_rows'].values())} skipped, {stats['eval_rows']} held out for eval",
+                       worker_counts(args.num_workers, args.min_workers))
         except UsageError as e:
             storage.write_bytes(USAGE_ERROR_FILE, str(e).encode())  # any rank: the driver prints it
             if world_size > 1:  # the other ranks may already wait for this one in a collective: end them all
-                raise StopAllRanks(str(e)) from e
+                stop_all_ranks(str(e))  # no retry, no traceback (usage_stop.py)
             return
         if rank == 0:
             print(describe(batch, world_size, args.per_device_train_batch_size), flush=True)

@@ -46,6 +46,7 @@ from demo.local_cluster import (
     require_memory,
     require_port_free,
 )
+from demo.preflight import preflight
 from demo.processes import deferred_signals
 from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
 from demo.run_dirs import RESULT_FILE, new_run_dir
@@ -57,7 +58,6 @@ DEFAULT_OUTPUT = ROOT / "demo-output"
 # A Ray head (~1 GiB) and two CPU training workers with the tiny model (~1.5 GiB each), plus headroom.
 DEFAULT_MIN_FREE_GIB = 5.0
 DEFAULT_ROWS = 240
-QUIET_RAY_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging")
 USER_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
 # Flags the demo itself sets on the chart; --set cannot override them.
 DEMO_SET = ("training.model_id", "training.dataset_name")
@@ -148,6 +148,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             require_port_free(args.ray_port, "--ray-port")
         if args.dashboard_port:
             require_port_free(args.dashboard_port, "--dashboard-port")
+    helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
+    sets = dict(item.split("=", 1) for item in args.sets)
+    if args.max_steps is not None:
+        sets["training.max_steps"] = str(args.max_steps)
+    preflight(helm, args.chart, args.values, sets)  # the values, every --set, the trainer's own flag checks
     run_dir = _new_run_dir(args.output_dir)
     say(f"run directory: {run_dir}")
 
@@ -161,11 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"tiny Gemma 3: {model_dir}; sample data: {data} ({args.rows} rows) [{time.monotonic() - t:.1f} s]")
 
     # 1. Render the chart.
-    helm = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
     paths = {"training.model_id": str(model_dir), "training.dataset_name": str(data)}
-    sets = dict(item.split("=", 1) for item in args.sets)
-    if args.max_steps is not None:
-        sets["training.max_steps"] = str(args.max_steps)
     rendered = render_chart(helm, args.chart, args.values, paths, sets)
     (run_dir / "rendered.yaml").write_text(rendered)
     shown = " ".join([*(f"--set-string {k}=<built>" for k in paths), *(f"--set {k}={v}" for k, v in sets.items())])
@@ -299,11 +300,17 @@ def _sigterm(signum: int, frame: object) -> None:
 
 
 def _quiet() -> None:
-    """The demo process's own noise, off at the source: datasets' progress bar while the sample data is
-    written, and the Ray client's INFO lines about packaging and uploading the working directory."""
+    """The demo process's own noise, off at the source, before the libraries load: every Hugging Face
+    progress bar (hub, transformers: the tiny model's `Writing model shards`; datasets: the sample
+    data), and Ray's INFO lines (the Jobs API client's `Uploading package`, `WebSocket closed`): Ray's
+    loggers set their own levels when imported, so the level is set on the handler all of them write
+    through ("ray", which does not propagate). Ray's warnings and errors still show."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    for name in QUIET_RAY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    import ray  # noqa: F401 - configures the "ray" logger and its handler
+
+    for handler in logging.getLogger("ray").handlers:
+        handler.setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,10 @@ the Kubernetes objects it renders.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass, field
@@ -34,6 +36,15 @@ WORKER_ENV_MODULE = "worker_runtime_env.py"  # the trainer's module that builds 
 
 class DemoError(RuntimeError):
     """A failure the user can act on: the message says what to do."""
+
+
+# Helm's schema errors: Helm 4 ("- at '/a/b': why", nested) and Helm 3 ("- a.b: why").
+_COMPOSITE = re.compile(r"'(anyOf|allOf|oneOf)' failed|Must validate (at least one|all the|one and only one) schema")
+_HELM4 = re.compile(r"^- at '(?P<path>[^']*)': (?P<why>.*)$")
+_HELM3 = re.compile(r"^- (?P<path>[A-Za-z0-9_.\-\[\]/]+): (?P<why>.*)$")
+_EXTRA_KEY = re.compile(r"additional propert(?:y|ies) '?([A-Za-z0-9_.\-]+)'? (?:is )?not allowed", re.I)
+
+
 
 
 @dataclass
@@ -70,8 +81,57 @@ def render_chart(helm: str, chart: Path, values: Path, set_string: dict[str, str
     except FileNotFoundError as e:
         raise DemoError(f"helm not found at {helm}: run `make setup` (it installs Helm into .tools/bin)") from e
     if proc.returncode != 0:
-        raise DemoError(f"`helm template` failed for {values}:\n{proc.stderr.strip()}")
+        given = "".join(f" --set {k}={v}" for k, v in (set_values or {}).items())
+        raise DemoError(f"`helm template` failed for {values}{given}: {helm_refusal(proc.stderr, chart)}")
     return proc.stdout
+
+
+def _schema_node(schema: dict[str, Any], dotted: str) -> dict[str, Any] | None:
+    node: dict[str, Any] | None = schema
+    for part in [p for p in dotted.split(".") if p]:
+        node = ((node or {}).get("properties") or {}).get(part)
+        if node is None:
+            return None
+    return node
+
+
+def _reason(schema: dict[str, Any], path: str, why: str) -> str:
+    node = _schema_node(schema, path) or {}
+    found = re.search(r"Range: ([^.]*(?:\.\d[^.]*)*)\.", node.get("description", ""))
+    if found:
+        return f"{path} must be {found.group(1)}"
+    extra = _EXTRA_KEY.search(why)
+    if extra:
+        known = sorted(node.get("properties") or {})
+        close = difflib.get_close_matches(extra.group(1), known, n=1)
+        hint = f" (did you mean {path}.{close[0]}?)" if close else ""
+        return f"{path}.{extra.group(1)} is not a key the chart knows{hint}"
+    return f"{path or 'the values'}: {why}"
+
+
+def helm_refusal(stderr: str, chart: Path) -> str:
+    """Helm's refusal as one sentence: per field, its range (from the schema) or Helm's own reason."""
+    text = stderr.strip()
+    failed = re.search(r"execution error at \([^)]*\): (.*)", text)
+    if failed:  # a fail of the chart's validate templates: already one sentence
+        return failed.group(1).strip()
+    if "don't meet the specifications of the schema" not in text:
+        return (text.splitlines() or ["(no message)"])[0].removeprefix("Error: ")
+    try:
+        schema = json.loads((chart / "values.schema.json").read_text())
+    except (OSError, ValueError):
+        schema = {}
+    reasons: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _HELM4.match(line.strip()) or _HELM3.match(line.strip())
+        if not m:
+            continue
+        path = m.group("path").strip("/").replace("/", ".")
+        if _COMPOSITE.search(m.group("why")):
+            reasons.setdefault(path, "")
+        elif not reasons.get(path):
+            reasons[path] = m.group("why")
+    return "; ".join(_reason(schema, path, why) for path, why in reasons.items()) or text.splitlines()[0]
 
 
 def _documents(rendered: str) -> list[dict[str, Any]]:

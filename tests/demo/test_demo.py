@@ -71,7 +71,7 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert proc.returncode == 0, f"demo failed\nSTDOUT tail:\n{proc.stdout[-4000:]}\nSTDERR tail:\n{proc.stderr[-4000:]}"
     (run_dir,) = [p for p in out.glob("run-*") if p.is_dir()]
     result = json.loads((run_dir / demo_main.RESULT_FILE).read_text())
-    result["stdout"] = proc.stdout
+    result["stdout"], result["stderr"] = proc.stdout, proc.stderr
     return result
 
 
@@ -178,12 +178,13 @@ def test_ray_head_was_stopped(short_run: dict) -> None:
 @pytest.mark.slow
 def test_trainer_failure_shows_the_log_tail(tmp_path: Path) -> None:
     """A job that fails says so, with the trainer's own error from the log, and stops its Ray."""
-    # freeze_vision=true needs lora_target=language-model: the chart passes it, the trainer refuses.
-    proc = _run_demo(tmp_path, "--set=training.freeze_vision=true", "--rows=8")
+    # Flags every check accepts, data the job itself refuses: every row is longer than 8 tokens and
+    # bad_rows=fail stops at the first (only the job's scan of the rows can know).
+    proc = _run_demo(tmp_path, "--set=training.bad_rows=fail", "--set=training.max_seq_length=8", "--rows=8")
     assert proc.returncode == 1
     assert "ended FAILED" in proc.stderr
-    # The trainer's own error (its fix names lora_target, which the rendered entry point does not set).
-    assert "lora_target=language-model" in proc.stderr
+    # The trainer's own error, with its fix.
+    assert "max_seq_length" in proc.stderr and "bad_rows=skip" in proc.stderr
     assert "stopped the local Ray head by process id" in proc.stdout
 
 
@@ -277,6 +278,9 @@ def test_demo_output_is_quiet(short_run: dict) -> None:
     assert "Started training worker group" in log and "Started training worker group" not in out
     assert "  job | " in out and "[samples]" in out and "lines of Ray's own logging" in out
     assert "Loading weights" not in log and "Generating train split" not in log  # progress bars off at source
+    # The demo's own process: no Ray INFO line (job submission: `Uploading package`, `WebSocket closed`).
+    assert "\tINFO " not in out + short_run["stderr"] and "Uploading package" not in out + short_run["stderr"]
+    assert "it/s]" not in out + short_run["stderr"]
 
 
 @pytest.mark.slow

@@ -160,3 +160,17 @@ def test_a_torn_ray_snapshot_falls_back_to_the_checkpoints_listed_and_is_set_asi
     assert not snapshot.exists() and (run / runs.BROKEN_DIR / runs.RAY_CHECKPOINT_SNAPSHOT).is_file()
     assert not (checkpoints / "checkpoint-000006").exists()
     assert runs.registered_checkpoints(again.storage) == []  # Ray Train starts a new registry
+
+
+def test_a_torn_ray_snapshot_without_any_checkpoint_directory_is_set_aside_too(crashed) -> None:
+    """Nothing to resume: the run starts fresh, and Ray Train must not restore (and fail on) the torn snapshot."""
+    import shutil
+
+    root, data, run = crashed
+    shutil.rmtree(run / runs.CHECKPOINTS_DIR / "checkpoint-000004")
+    snapshot = run / runs.CHECKPOINTS_DIR / runs.RAY_CHECKPOINT_SNAPSHOT
+    tear(snapshot, "cut short")
+    again = plan(root, data)
+    assert again.log_line.startswith(f"fresh run r (Ray Train's {runs.RAY_CHECKPOINT_SNAPSHOT} is unusable (")
+    runs.set_aside(again.storage, again)
+    assert not snapshot.exists() and (run / runs.BROKEN_DIR / runs.RAY_CHECKPOINT_SNAPSHOT).is_file()

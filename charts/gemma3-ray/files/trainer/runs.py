@@ -284,10 +284,12 @@ def plan_run(args: TrainArguments, root: Storage) -> RunPlan:
                     else f"; its run's definition is unusable ({problem})" if problem
                     else "; its run recorded no definition" if origin is None else "")
         return RunPlan(name, run, uri, f"resuming {name} from step {step} (--resume_from={args.resume_from}: "
-                                       f"checkpoint {uri}{broken}{settings}{said})", None, new)
+                                       f"checkpoint {uri}{broken}{settings}{said})", None, new,
+                       snapshot_problem=snapshot_problem)
     why = [] if named else ["no --run_name given: named from the UTC time"]
     if changed:  # an earlier attempt of this run that left no checkpoint: nothing of it is kept
         why = [f"its earlier attempt left no checkpoint; started again with new settings: "
                f"{run_definition.changes_text(changed)}"]
     why += notes
-    return RunPlan(name, run, None, f"fresh run {name}" + (f" ({'; '.join(why)})" if why else ""), None, new)
+    return RunPlan(name, run, None, f"fresh run {name}" + (f" ({'; '.join(why)})" if why else ""), None, new,
+                   snapshot_problem=snapshot_problem)

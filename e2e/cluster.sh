@@ -185,9 +185,9 @@ start() {
   log "kube-apiserver ready on https://$GATEWAY:$API_PORT"
   KUEUE_WEBHOOK_PORT=$(free_port); KUEUE_HEALTH_PORT=$(free_port)
   echo "$KUEUE_WEBHOOK_PORT $KUEUE_HEALTH_PORT" > "$DIR/run/kueue.ports"
-  FAIL_LOG="$DIR/logs/apply-base.log" apply_base_or_fail
+  apply_rbac || FAIL_LOG="$DIR/logs/apply-rbac.log" fail kube-apiserver "it did not accept the parts' RBAC"
 
-  log "controller-manager, scheduler, kubelet (node ip $NODE_IP), kube-proxy, CoreDNS, KubeRay, Kueue"
+  log "controller-manager, scheduler, kubelet (node ip $NODE_IP), kube-proxy, CoreDNS"
   local auth=(--authentication-kubeconfig --authorization-kubeconfig --kubeconfig)
   spawn kube-controller-manager "$KUBE_BIN/kube-controller-manager" "${auth[@]/%/=$d/kube-controller-manager.kubeconfig}" \
     --bind-address=127.0.0.1 --secure-port=10257 --leader-elect=false \
@@ -204,6 +204,8 @@ start() {
   DNS_READY_PORT=$(free_port); echo "$DNS_READY_PORT" > "$DIR/run/coredns.ready-port"
   write_corefile
   spawn coredns "$COREDNS_BIN/coredns" -conf "$DIR/coredns/Corefile"
+  log "KubeRay and Kueue CRDs, then the operators"
+  apply_crds || FAIL_LOG="$DIR/logs/apply-crds.log" fail kube-apiserver "it did not accept the KubeRay and Kueue CRDs"
   start_kuberay
   start_kueue
 
@@ -220,8 +222,6 @@ start() {
   log "started in $((SECONDS - T0)) s; containerd socket: $DIR/containerd.sock"
   echo "KUBECONFIG=$DIR/kubeconfig"
 }
-
-apply_base_or_fail() { apply_base || fail kube-apiserver "the RBAC and CRDs of the operators were not accepted"; }
 
 node_ready() {
   [ "$(kc get node localhost -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]

@@ -1,6 +1,6 @@
 """The cluster's own objects as one JSON List for `kubectl apply --server-side`: RBAC for each host-run part, the KubeRay and Kueue CRDs of the built parts, Kueue's webhooks by URL.
 
-Usage: manifests.py KUBERAY_BIN KUEUE_BIN WEBHOOK_URL CA_FILE
+Usage: manifests.py KUBERAY_BIN KUEUE_BIN WEBHOOK_URL CA_FILE rbac|crds|webhooks
 Kueue's upstream kustomization points its webhooks (and five CRDs' conversion webhooks) at an
 in-cluster Service; here Kueue runs on the host, so each clientConfig becomes a URL on 127.0.0.1 with
 our CA. Only the webhooks Kueue serves with this configuration are registered (its own kinds, RayJob,
@@ -53,6 +53,16 @@ def rbac(kuberay, kueue):
         role["metadata"]["name"] = "kueue-" + role["metadata"]["name"]
         objs += [role, binding("e2e:kueue", role["metadata"]["name"], "e2e:kueue")]
     objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
+    # Kueue watches the Secrets of its own namespace (upstream config/components/rbac/manager_secrets_role.yaml);
+    # without this its informer never syncs and none of its controllers starts
+    objs += [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "kueue-manager-secrets-role", "namespace": "kueue-system"},
+         "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "update", "watch"]}]},
+        {**binding("e2e:kueue-secrets", "kueue-manager-secrets-role", "e2e:kueue"), "kind": "RoleBinding",
+         "metadata": {"name": "e2e:kueue-secrets", "namespace": "kueue-system"}},
+    ]
+    objs[-1]["roleRef"]["kind"] = "Role"
     return objs
 
 
@@ -95,12 +105,9 @@ def webhooks(kueue, url, ca):
 def main(argv):
     kuberay, kueue, url = pathlib.Path(argv[1]), pathlib.Path(argv[2]), argv[3]
     ca = base64.b64encode(pathlib.Path(argv[4]).read_bytes()).decode()
-    what = argv[5] if len(argv) > 5 else "all"
-    items = []
-    if what in ("all", "base"):
-        items += rbac(kuberay, kueue) + crds(kuberay, kueue, url, ca)
-    if what in ("all", "webhooks"):
-        items += webhooks(kueue, url, ca)
+    what = argv[5]
+    items = {"rbac": lambda: rbac(kuberay, kueue), "crds": lambda: crds(kuberay, kueue, url, ca),
+             "webhooks": lambda: webhooks(kueue, url, ca)}[what]()
     json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout)
 
 

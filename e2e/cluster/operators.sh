@@ -6,21 +6,28 @@
 
 KUEUE_METRICS_CERTS=/etc/kueue/metrics/certs   # fixed in Kueue v0.17's main.go when it does not manage certs
 
-manifests() {  # manifests base|webhooks
+manifests() {  # manifests rbac|crds|webhooks
   python3 "$HERE/cluster/manifests.py" "$KUBERAY_BIN" "$KUEUE_BIN" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
     "$DIR/pki/ca.crt" "$1"
 }
 
-# RBAC of the host-run parts, the KubeRay and Kueue CRDs (before any controller starts)
-apply_base() {
-  manifests base > "$DIR/manifests-base.json" || return 1
-  kc apply --server-side --force-conflicts -f "$DIR/manifests-base.json" >"$DIR/logs/apply-base.log" 2>&1 || return 1
+# RBAC of every host-run part (the node's parts start right after it)
+apply_rbac() {
+  manifests rbac > "$DIR/manifests-rbac.json" \
+    && kc apply --server-side -f "$DIR/manifests-rbac.json" >"$DIR/logs/apply-rbac.log" 2>&1
+}
+
+# the KubeRay and Kueue CRDs, before either controller starts. `create`, not apply: etcd is new on every
+# start, and server-side apply of these large schemas costs a minute on 2 busy cores
+apply_crds() {
+  manifests crds > "$DIR/manifests-crds.json" || return 1
+  kc create -f "$DIR/manifests-crds.json" >"$DIR/logs/apply-crds.log" 2>&1 || return 1
   # kubectl wait errors out (not waits) on a CRD whose status has no conditions yet: ask again
   local i
   for i in $(seq 30); do
     kc wait --for condition=established --timeout=20s crd/rayclusters.ray.io crd/rayjobs.ray.io \
       crd/workloads.kueue.x-k8s.io crd/clusterqueues.kueue.x-k8s.io crd/localqueues.kueue.x-k8s.io \
-      >>"$DIR/logs/apply-base.log" 2>&1 && return 0
+      >>"$DIR/logs/apply-crds.log" 2>&1 && return 0
     sleep 1
   done
   return 1
@@ -54,4 +61,15 @@ wait_operators() {
   manifests webhooks > "$DIR/manifests-webhooks.json" \
     && kc apply --server-side --force-conflicts -f "$DIR/manifests-webhooks.json" >"$DIR/logs/apply-webhooks.log" 2>&1 \
     || FAIL_LOG="$DIR/logs/apply-webhooks.log" fail kueue "the API server refused its webhook configurations"
+  # ready probes only say the webhook server listens; a ClusterQueue turning Active says the controllers
+  # run (an informer that cannot list, e.g. for want of RBAC, keeps them all from starting)
+  echo '{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "e2e-cluster-start-probe"}, "spec": {}}' \
+    | kc create -f - >/dev/null 2>"$DIR/logs/kueue-probe.log" \
+    || FAIL_LOG="$DIR/logs/kueue-probe.log" fail kueue "a ClusterQueue was refused (through its webhooks)"
+  wait_for kueue "reconciling (ClusterQueue e2e-cluster-start-probe Active)" 90 cq_active e2e-cluster-start-probe
+  kc delete clusterqueue e2e-cluster-start-probe --wait=false >/dev/null 2>&1
+}
+
+cq_active() {
+  [ "$(kc get clusterqueue "$1" -o jsonpath='{.status.conditions[?(@.type=="Active")].status}')" = True ]
 }

@@ -78,6 +78,33 @@ if [ "$RAY_IMAGE" != local/busybox:1.35 ]; then
   until_ok 240 "the Ray head of RayCluster smoke did not become Ready" kubectl -n $NS wait --for=condition=Ready pod -l ray.io/cluster=smoke,ray.io/node-type=head --timeout=5s
   until_ok 120 "RayCluster smoke did not reach state ready" sh -c "[ \"\$(kubectl -n $NS get raycluster smoke -o jsonpath='{.status.state}')\" = ready ]"
   say "Ray head Ready, RayCluster state ready"
+  # a RayJob to SUCCEEDED: the operator on the host follows the job through the API server's service proxy
+  kubectl -n $NS apply -f - >/dev/null <<EOF || die "RayJob hello refused"
+apiVersion: ray.io/v1
+kind: RayJob
+metadata: {name: hello}
+spec:
+  shutdownAfterJobFinishes: true
+  submissionMode: K8sJobMode
+  entrypoint: 'python -c "import ray; ray.init(); f = ray.remote(lambda x: x * 2); print(\"sum\", sum(ray.get([f.remote(i) for i in range(4)])))"'
+  rayClusterSpec:
+    rayVersion: "2.60.0"
+    headGroupSpec:
+      rayStartParams: {}
+      template:
+        spec:
+          containers:
+          - {name: ray-head, image: $RAY_IMAGE, imagePullPolicy: Never, resources: {requests: {cpu: 500m, memory: 2Gi}, limits: {memory: 3Gi}}}
+  submitterPodTemplate:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: ray-job-submitter, image: $RAY_IMAGE, imagePullPolicy: Never, resources: {requests: {cpu: 200m, memory: 512Mi}}}
+EOF
+  until_ok 300 "RayJob hello did not succeed" \
+    sh -c "[ \"\$(kubectl -n $NS get rayjob hello -o jsonpath='{.status.jobStatus}')\" = SUCCEEDED ]"
+  kubectl -n $NS logs job/hello 2>/dev/null | grep -q "sum 12" || die "RayJob hello: its submitter's log has no 'sum 12'"
+  say "RayJob hello SUCCEEDED (KubeRay followed it through the API server's service proxy); its log: sum 12"
 fi
 kubectl -n $NS delete raycluster smoke --wait=false >/dev/null
 
@@ -131,9 +158,16 @@ until_ok 60 "Kueue made no Workload for RayJob queued" sh -c "kubectl -n $NS get
 wl=$(kubectl -n $NS get workloads -o name | head -n 1)
 until_ok 60 "Kueue did not admit $wl" \
   sh -c "[ \"\$(kubectl -n $NS get $wl -o jsonpath='{.status.conditions[?(@.type==\"Admitted\")].status}')\" = True ]"
-until_ok 30 "RayJob queued stayed suspended after admission" sh -c "[ \"\$(kubectl -n $NS get rayjob queued -o jsonpath='{.spec.suspend}')\" = false ]"
-until_ok 60 "KubeRay made no RayCluster for the admitted RayJob" sh -c "kubectl -n $NS get rayjob queued -o jsonpath='{.status.rayClusterName}' | grep -q ."
+# admitted means un-suspended: KubeRay then makes the job's RayCluster (it makes none while suspended)
+until_ok 60 "KubeRay made no RayCluster for the admitted RayJob queued" sh -c "kubectl -n $NS get rayjob queued -o jsonpath='{.status.rayClusterName}' | grep -q ."
 say "Kueue: $wl admitted by ClusterQueue e2e-smoke; RayJob un-suspended; KubeRay made RayCluster $(kubectl -n $NS get rayjob queued -o jsonpath='{.status.rayClusterName}')"
+if [ "$RAY_IMAGE" != local/busybox:1.35 ]; then
+  until_ok 300 "the admitted RayJob queued did not succeed" \
+    sh -c "[ \"\$(kubectl -n $NS get rayjob queued -o jsonpath='{.status.jobStatus}')\" = SUCCEEDED ]"
+  until_ok 60 "Kueue did not mark $wl Finished" \
+    sh -c "[ \"\$(kubectl -n $NS get $wl -o jsonpath='{.status.conditions[?(@.type==\"Finished\")].status}')\" = True ]"
+  say "the queued RayJob SUCCEEDED and its Workload is Finished"
+fi
 
 cleanup
 say "all smoke checks passed"

@@ -99,7 +99,9 @@ remove_containers() {  # every task and container of the kubelet's namespace, th
 }
 
 stop_all() {
-  local n rev="" left
+  local n rev="" left ours=0
+  # only a DIR that recorded the host (it started) and owns it puts the host back
+  [ -f "$DIR/host/recorded" ] && host_is_ours && ours=1
   for n in $PARTS; do rev="$n $rev"; done
   for n in $rev; do
     case $n in kube-apiserver|etcd) continue ;; esac
@@ -107,20 +109,20 @@ stop_all() {
   done
   remove_containers
   kill_part containerd 20
-  kill_leftovers
+  [ $ours = 1 ] && kill_leftovers
   kill_part kube-apiserver 20
   kill_part etcd 20
-  if host_is_ours; then
+  if [ $ours = 1 ]; then
     unmount_all; remove_network; clean_iptables; kill_leftovers; remove_cgroups
     restore_sysctls
     remove_dirs
-    rm -f "$DIR/containerd.sock" "$CACHE/cluster.owner"
-    rm -rf "$DIR/host"
   fi
-  left=$(leftovers)
+  left=$(leftovers $ours)
   if [ -n "$left" ]; then
-    echo "cluster: stop left behind:" >&2; echo "$left" | sed 's/^/  /' >&2; return 1
+    echo "cluster: stop left behind (a second stop tries again):" >&2; echo "$left" | sed 's/^/  /' >&2; return 1
   fi
+  if [ $ours = 1 ]; then rm -f "$DIR/containerd.sock" "$CACHE/cluster.owner"; rm -rf "$DIR/host"; fi
+  return 0
 }
 
 START_OK=0

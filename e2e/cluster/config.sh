@@ -21,6 +21,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   disable_apparmor = true
   # root here lacks CAP_SYS_RESOURCE: no process may lower its oom_score_adj (the pause container asks -998)
   restrict_oom_score_adj = true
+  # pods' network namespaces under our state folder, not /run/netns (other CNI users, e.g. podman, use it)
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -1,17 +1,20 @@
 # shellcheck shell=bash
 # What the cluster changes outside DIR, recorded before the first part starts and put back by `stop`:
 # sysctls (the kubelet writes its preferred kernel values; pods need ip_forward), folders it creates
-# (/run/containerd, /var/lib/kubelet, ...), cgroups (kubepods, k8s.io), iptables chains KUBE-*/CNI-*,
-# the cni0 bridge, network namespaces cni-*, mounts under the kubelet root and the container state.
+# (/run/containerd, /var/lib/kubelet, ...), cgroups (kubepods, k8s.io), iptables: the KUBE-* chains and
+# the CNI chains and rules of our network (other CNI users on the host, e.g. podman, keep theirs), the
+# cni0 bridge, mounts under the kubelet root and containerd's state (pod network namespaces included).
+# Only a DIR that recorded the host (DIR/host/recorded: it started) puts anything back.
 
 SYSCTLS="net.ipv4.ip_forward vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
 kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.conf.all.route_localnet
 net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables net.ipv6.conf.all.forwarding
 net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
 net.netfilter.nf_conntrack_tcp_timeout_close_wait"
-HOST_DIRS="/run/containerd /run/netns /var/lib/kubelet /var/lib/cni /var/log/containers /var/log/pods
+HOST_DIRS="/run/containerd /var/lib/kubelet /var/lib/cni /var/log/containers /var/log/pods
 /etc/kueue /usr/libexec/kubernetes /etc/kubernetes /var/lib/containerd /opt/containerd $RUNDIR"
 CGROUPS="kubepods k8s.io"
+TABLES="filter nat mangle raw"
 
 # record_host: once per start; kept (not overwritten) until a stop has put everything back
 record_host() {
@@ -25,6 +28,10 @@ record_host() {
   for h in /sys/fs/cgroup/*/; do
     for c in $CGROUPS; do [ -e "$h$c" ] || echo "$h$c"; done
   done > "$DIR/host/absent-cgroups"
+  local ipt t
+  for ipt in iptables ip6tables; do
+    for t in $TABLES; do "$ipt-save" -t "$t" 2>/dev/null | grep -oE '^:CNI-[^ ]+' | sed "s/^:/$ipt $t /"; done
+  done > "$DIR/host/cni-chains"
   touch "$DIR/host/recorded"
 }
 
@@ -44,7 +51,7 @@ restore_sysctls() {
 # the mount points the cluster leaves (pod volumes, the kubelet's bind mount of its root, container root
 # filesystems, network namespaces), deepest first
 our_mounts() {
-  awk -v p="$DIR/ $RUNDIR/ /run/containerd/ /run/netns/cni- /var/lib/kubelet/ $CACHE/containerd/" '
+  awk -v p="$DIR/ $RUNDIR/ /run/containerd/ /var/lib/kubelet/ $CACHE/containerd/" '
     BEGIN { n = split(p, pre, " ") }
     { for (i = 1; i <= n; i++) if (index($5, pre[i]) == 1) { print length($5), $5; next } }' /proc/self/mountinfo \
     | sort -rn | cut -d' ' -f2-
@@ -58,17 +65,37 @@ unmount_all() {
   done
 }
 
+# ours_chains IPT TABLE: the chains to remove: every KUBE-* chain (only the kubelet and kube-proxy make
+# them), and each CNI-* chain that was not there at start and holds no rule of another CNI network
+ours_chains() {
+  local ipt=$1 t=$2 save c
+  save=$("$ipt-save" -t "$t" 2>/dev/null)
+  for c in $(echo "$save" | grep -oE '^:(KUBE|CNI)-[^ ]+' | cut -c2-); do
+    case $c in
+      KUBE-*) echo "$c" ;;
+      CNI-*)
+        grep -qxF "$ipt $t $c" "$DIR/host/cni-chains" 2>/dev/null && continue
+        echo "$save" | grep -E "^-A $c " | grep -oE 'name: \\"[^\\]*\\"' | grep -vqF "\"$CNI_NETWORK\\" && continue
+        echo "$c" ;;
+    esac
+  done
+}
+
 clean_iptables() {
   local ipt t line c chains
   for ipt in iptables ip6tables; do
     command -v "$ipt" >/dev/null || continue
-    for t in filter nat mangle raw; do
-      # rules of other chains (INPUT, POSTROUTING, ...) that jump to ours, then our chains themselves
-      "$ipt-save" -t "$t" 2>/dev/null | grep -E '^-A ' | grep -E -- '-[jg] (KUBE-|CNI-)' \
-        | grep -vE '^-A (KUBE-|CNI-)' | while read -r line; do
-          eval "$ipt -w -t $t -D ${line#-A }" >/dev/null 2>&1 || true
-        done
-      chains=$("$ipt-save" -t "$t" 2>/dev/null | grep -oE '^:(KUBE-|CNI-)[^ ]+' | cut -c2-)
+    for t in $TABLES; do
+      chains=" $(ours_chains "$ipt" "$t" | tr '\n' ' ') "
+      # rules of other chains (INPUT, POSTROUTING, a shared CNI-HOSTPORT-*) that jump to ours or belong to
+      # our network, then our chains themselves
+      "$ipt-save" -t "$t" 2>/dev/null | grep -E '^-A ' | while read -r line; do
+        c=${line#-A }; c=${c%% *}
+        case $chains in *" $c "*) continue ;; esac
+        local target; target=$(echo "$line" | grep -oE -- '-[jg] [^ ]+' | cut -d' ' -f2)
+        case $chains in *" $target "*) ;; *) echo "$line" | grep -qF "$CNI_NETWORK" || continue ;; esac
+        eval "$ipt -w -t $t -D ${line#-A }" >/dev/null 2>&1 || true
+      done
       for c in $chains; do "$ipt" -w -t "$t" -F "$c" >/dev/null 2>&1 || true; done
       for c in $chains; do "$ipt" -w -t "$t" -X "$c" >/dev/null 2>&1 || true; done
     done
@@ -109,12 +136,7 @@ remove_cgroups() {
 }
 
 remove_network() {
-  local n l
-  for n in /run/netns/cni-*; do
-    [ -e "$n" ] || continue
-    umount "$n" 2>/dev/null || umount -l "$n" 2>/dev/null || true
-    rm -f "$n"
-  done
+  local l
   rm -f /var/lib/cni/results/"$CNI_NETWORK"-*   # libcni's cache of our pods' bridge network
   if ip link show cni0 >/dev/null 2>&1; then
     for l in $(ip -o link show master cni0 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
@@ -134,19 +156,24 @@ remove_dirs() {
   done < "$DIR/host/absent-dirs"
 }
 
-# leftovers: one line per thing still there that a stop should have removed (empty when clean)
+# leftovers [1]: one line per thing still there that a stop should have removed (empty when clean);
+# the parts' processes, and with 1 (this DIR changed the host) everything else too
 leftovers() {
   local n
   for n in $PARTS containerd; do alive "$n" && echo "process $n (pid $(pid_of "$n"))"; done
+  [ "${1:-0}" = 1 ] || return 0
   for n in /proc/[0-9]*; do
     case "$(tr '\0' ' ' 2>/dev/null < "$n/cmdline")" in
       *containerd-shim*"-address $RUNDIR/containerd/containerd.sock"*) echo "containerd shim pid ${n#/proc/}" ;;
     esac
   done
-  iptables-save 2>/dev/null | grep -cE '(KUBE-|CNI-)' | grep -v '^0$' | sed 's/^/iptables lines naming KUBE-\/CNI-: /'
-  ip6tables-save 2>/dev/null | grep -cE '(KUBE-|CNI-)' | grep -v '^0$' | sed 's/^/ip6tables lines naming KUBE-\/CNI-: /'
+  for n in iptables ip6tables; do
+    for t in $TABLES; do
+      ours_chains "$n" "$t" | sed "s/^/$n -t $t chain /"
+      "$n-save" -t "$t" 2>/dev/null | grep -E '^-A ' | grep -cF "$CNI_NETWORK" | grep -v '^0$' | sed "s/^/$n -t $t rules of network $CNI_NETWORK: /"
+    done
+  done
   ip link show cni0 >/dev/null 2>&1 && echo "bridge cni0"
-  ls /run/netns/ 2>/dev/null | grep '^cni-' | sed 's/^/netns /'
   our_mounts | sed 's/^/mount /'
   if [ -f "$DIR/host/absent-cgroups" ]; then
     while read -r n; do [ -e "$n" ] && echo "cgroup $n"; done < "$DIR/host/absent-cgroups"

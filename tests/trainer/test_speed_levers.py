@@ -103,4 +103,5 @@ def test_apply_reports_the_step_levers(tiny_model: Path) -> None:
     levers = speed_levers.apply(args, model)
     # no Hopper GPU here: the language model keeps Transformers' attention; the image-token check moves on device
     assert levers["lm_attention"] == {"cudnn_gqa_layers": 0}
-    assert levers["lean_step"] == {"device_image_token_check": True, "deferred_metrics": False}
+    assert levers["lean_step"] == {"device_image_token_check": True, "contiguous_patch_embeddings": True,
+                                   "deferred_metrics": False, "device_nan_filter": False}

@@ -64,6 +64,31 @@ def test_device_image_token_check_keeps_the_mask_and_refuses_a_mismatch(tiny_mod
         model(**broken)
 
 
+def test_contiguous_patch_embeddings_keep_the_values_and_the_encoder_layout(tiny_model: Path) -> None:
+    tower = tiny(tiny_model).model.vision_tower
+    x = torch.randn(2, 3, 64, 64)
+    layers = [m for m in tower.modules() if type(m).__name__ == "SiglipEncoderLayer"]
+    seen: list[torch.Tensor] = []
+    layers[-1].register_forward_hook(lambda _m, _i, out: seen.append(out[0] if isinstance(out, tuple) else out))
+    want = tower(pixel_values=x).last_hidden_state
+    assert not seen[-1].is_contiguous()  # the convolution's transposed layout, through every layer
+    assert step_levers.contiguous_patch_embeddings(tower)
+    torch.testing.assert_close(tower(pixel_values=x).last_hidden_state, want)
+    assert seen[-1].is_contiguous()
+
+
+def test_device_nan_filter_replaces_a_non_finite_loss_as_the_trainer_does() -> None:
+    from types import SimpleNamespace as NS
+
+    losses = iter([torch.tensor(2.0), torch.tensor(float("nan")), torch.tensor(float("inf"))])
+    trainer = NS(args=NS(logging_nan_inf_filter=True), training_step=lambda *a, **k: next(losses),
+                 _tr_loss=torch.tensor(6.0), _globalstep_last_logged=3, state=NS(global_step=5))
+    assert step_levers.device_nan_filter(trainer) and trainer.args.logging_nan_inf_filter is False
+    assert float(trainer.training_step()) == 2.0
+    assert float(trainer.training_step()) == 2.0  # 6 / (1 + 5 - 3): the Trainer's substitute
+    assert float(trainer.training_step()) == 2.0
+
+
 def _train(tiny_model: Path, tmp: Path, lean: bool) -> list[dict]:
     data = build_sample_dataset(tmp / "data", n_rows=12, seed=3)
     args = parse_args([f"--model_id={tiny_model}", f"--dataset_name={data}", "--use_gpu=false", "--quantization=none",
@@ -72,7 +97,7 @@ def _train(tiny_model: Path, tmp: Path, lean: bool) -> list[dict]:
                        "--logging_steps=1", "--lora_dropout=0"])
     trainer, _, _ = build_trainer(args, tiny_model, tmp / f"out-{lean}", torch.device("cpu"), None)
     if lean:
-        assert step_levers.deferred_metrics(trainer)
+        assert step_levers.deferred_metrics(trainer) and step_levers.device_nan_filter(trainer)
     trainer.train()
     return [h for h in trainer.state.log_history if "loss" in h]
 

@@ -34,8 +34,11 @@ def apply(args, model, trainer=None) -> dict[str, Any]:
     if args.lean_step:
         import step_levers
 
-        levers["lean_step"] = {"device_image_token_check": step_levers.device_image_token_check(core),
-                               "deferred_metrics": trainer is not None and step_levers.deferred_metrics(trainer)}
+        levers["lean_step"] = {
+            "device_image_token_check": step_levers.device_image_token_check(core),
+            "contiguous_patch_embeddings": step_levers.contiguous_patch_embeddings(core.vision_tower),
+            "deferred_metrics": trainer is not None and step_levers.deferred_metrics(trainer),
+            "device_nan_filter": trainer is not None and step_levers.device_nan_filter(trainer)}
     if args.freeze_vision and args.image_feature_cache_gib > 0:
         cache = levers["image_feature_cache"] = feature_cache.attach(model, args.image_feature_cache_gib)
         if trainer is not None:

@@ -8,8 +8,11 @@
   count back from the GPU after the vision tower is queued, and TRL's per-micro-batch metrics
   (entropy, token accuracy, tokens) read three more after the forward: each makes the CPU wait for the
   GPU, which then waits, idle, for the CPU to queue the next kernels. Here the image-token check runs on
-  the device (`torch._assert_async`), and the metrics stay on the GPU until the step is logged; the loss,
-  its gradients and the logged values are the same.
+  the device (`torch._assert_async`), the metrics stay on the GPU until the step is logged, and the
+  Trainer's NaN/inf filter of the logged loss runs on the GPU; the loss, its gradients and the logged values
+  are the same. Also one layout copy instead of hundreds: SigLIP's patch embeddings come out of a
+  transposed convolution output, and every encoder layer kept that layout (strided residual adds, a copy
+  before each LayerNorm); they are made contiguous once.
 """
 
 from __future__ import annotations
@@ -78,6 +81,42 @@ def device_image_token_check(core) -> bool:
         return mask.unsqueeze(-1).to(inputs_embeds.device)
 
     core.get_placeholder_mask = get_placeholder_mask
+    return True
+
+
+def contiguous_patch_embeddings(vision_tower) -> bool:
+    """SigLIP's embeddings as a contiguous tensor (the same values), so the encoder layers keep that layout."""
+    for module in vision_tower.modules():
+        if type(module).__name__.endswith("VisionEmbeddings"):
+            module.register_forward_hook(lambda _m, _i, out: out.contiguous())
+            return True
+    return False
+
+
+def device_nan_filter(trainer) -> bool:
+    """The Trainer's `logging_nan_inf_filter` without its host sync after every micro-batch: a non-finite
+    micro-batch loss is replaced on the GPU by the average of the losses since the last log, as the Trainer
+    does on the host."""
+    import torch
+
+    args = trainer.args
+    if not getattr(args, "logging_nan_inf_filter", False):
+        return False
+    original = trainer.training_step
+
+    def training_step(*a: Any, **kw: Any):
+        loss = original(*a, **kw)
+        tr, last = getattr(trainer, "_tr_loss", None), getattr(trainer, "_globalstep_last_logged", None)
+        if not isinstance(tr, torch.Tensor) or last is None:  # not the Trainer loop this was written against
+            return loss
+        previous = tr / (1 + trainer.state.global_step - last)
+        return torch.where(torch.isfinite(loss), loss, previous.to(loss.device, loss.dtype))
+
+    try:
+        args.logging_nan_inf_filter = False
+    except Exception:  # frozen arguments: keep the Trainer's own filter
+        return False
+    trainer.training_step = training_step
     return True
 
 

@@ -5,6 +5,8 @@
 # 1: the kernel check (fused LoRA correctness, tile sweep, LM attention candidates), default with --profile,
 #    freeze_vision's 3 epochs.
 # 2: default with --profile, plain TRL, freeze_vision's 3 epochs (the headline: one call).
+# 3: default with --profile and plain TRL, after call 2's profile (lean step: contiguous SigLIP embeddings, the
+#    NaN filter on the GPU).
 set -uo pipefail
 . bench/device_env.sh
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
@@ -34,6 +36,10 @@ case "${1:-1}" in
     row default default 190 "${STEPS[@]}" --profile
     row plain_trl plain_trl 110 "${STEPS[@]}"
     row freeze_vision_3ep freeze_vision 160 --epochs 3 --rows 1345 --warmup 1
+    ;;
+  3)
+    row default default 170 "${STEPS[@]}" --profile
+    row plain_trl plain_trl 100 "${STEPS[@]}"
     ;;
 esac
 python3 bench/report.py "$OUT/results.jsonl" >"$OUT/report.md" 2>&1 || true

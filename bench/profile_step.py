@@ -202,7 +202,7 @@ class ProfileStep:
                     acts = [torch.profiler.ProfilerActivity.CPU]
                     if torch.cuda.is_available():
                         acts.append(torch.profiler.ProfilerActivity.CUDA)
-                    outer._prof = torch.profiler.profile(activities=acts, with_stack=True, record_shapes=False)
+                    outer._prof = torch.profiler.profile(activities=acts, with_stack=False, record_shapes=False)
                     outer._prof.__enter__()
                     outer._t0 = time.perf_counter()
 

@@ -79,15 +79,15 @@ SKIP_FRAME = re.compile(r"torch/(nn/modules|autograd|utils|_ops|_tensor|override
 
 
 def _caller(op, depth: int = 3) -> str:
-    """An op and who called it: its aten parents (2), then the nearest Python frames outside torch (`depth`)."""
+    """An op and who called it: its aten parents (3), then the nearest Python frames outside torch (`depth`)."""
     if op is None:
         return "(launch not found)"
     atens, frames = [], list(getattr(op, "stack", None) or [])
     parent = getattr(op, "cpu_parent", None)
-    while parent is not None and (len(atens) < 2 or len(frames) < depth + 4):
+    while parent is not None and (len(atens) < 3 or len(frames) < depth + 4):
         if PYTHON_FRAME.search(parent.name):
             frames.append(parent.name)
-        elif len(atens) < 2 and not frames:
+        elif len(atens) < 3 and not frames:
             atens.append(parent.name)
         parent = getattr(parent, "cpu_parent", None)
     frames = [re.sub(r"^.*site-packages/", "", f) for f in frames if not SKIP_FRAME.search(f)][:depth]

@@ -1,8 +1,8 @@
 """The speed levers a worker applies to its model after PEFT (bench/RESULTS.md measures each).
 
-Fused LoRA layers, SigLIP's and the language model's attention kernels, a step without host syncs,
-image-feature reuse under a frozen vision tower; torch is imported only by the modules these call,
-inside worker code.
+Triton's compile cache kept on the storage, fused LoRA layers, SigLIP's and the language model's attention
+kernels, a step without host syncs, image-feature reuse under a frozen vision tower; torch is imported only
+by the modules these call, inside worker code.
 """
 
 from __future__ import annotations
@@ -16,6 +16,14 @@ def apply(args, model, trainer=None) -> dict[str, Any]:
     import feature_cache
 
     levers: dict[str, Any] = {}
+    if args.use_gpu and (args.fused_lora or args.use_liger_kernel):  # before the first Triton compile
+        import compile_cache
+
+        try:
+            levers["compile_cache"] = compile_cache.keep_on_storage(args, trainer)
+        except Exception as e:  # without the cache the first step compiles, as before
+            levers["compile_cache"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(f"[trainer] compile cache: {levers['compile_cache']}", flush=True)
     if args.fused_lora:
         import fast_lora
 

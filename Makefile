@@ -61,7 +61,7 @@ apt-packages:  ## Debian packages the tests need (apt-get install only what is m
 
 # What the local cluster of `make e2e` runs on (e2e/cluster.sh) and builds its images with (e2e/image.sh).
 E2E_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat etcd-server openssl \
-  mmdebstrap buildah umoci skopeo busybox-static
+  mmdebstrap buildah umoci skopeo busybox-static gcc libc6-dev python3-yaml curl
 e2e-packages:  ## Debian packages of the local e2e cluster (apt-get install only what is missing)
 	@$(MAKE) --no-print-directory apt-packages APT_PACKAGES="$(E2E_PACKAGES)"
 

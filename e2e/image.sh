@@ -16,6 +16,9 @@ SUITE=bookworm
 PYTHON=3.11
 BASE_PACKAGES=python3,python3-venv,ca-certificates,passwd,procps,iproute2,wget,netbase
 RAY_HOME=/home/ray
+# rayproject/ray carries ray[all]; the head needs what the job's driver imports there: Ray Train's
+# controller (ray.train refuses to import without its extras) and the dashboard/Jobs API (default).
+RAY_EXTRAS=default,train
 MIRROR=${GEMMA3_RAY_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${GEMMA3_RAY_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 # The trainer image's inputs: the Dockerfile and exactly the files it copies.
@@ -67,7 +70,7 @@ base_python() {
   # /etc/profile resets PATH).
   bah run "$CTR" -- useradd --create-home --uid 1000 --gid 100 --shell /bin/bash ray
   bah run --user 1000:100 "$CTR" -- python3 -m venv "$RAY_HOME/anaconda3"
-  bah run --user 1000:100 "$CTR" -- "$RAY_HOME/anaconda3/bin/pip" install --no-cache-dir "ray[default]==$RAY"
+  bah run --user 1000:100 "$CTR" -- "$RAY_HOME/anaconda3/bin/pip" install --no-cache-dir "ray[$RAY_EXTRAS]==$RAY"
   # shellcheck disable=SC2016  # $PATH is for the login shell, not for this one
   printf 'case ":$PATH:" in *":%s/anaconda3/bin:"*) ;; *) PATH="%s/anaconda3/bin:$PATH" ;; esac\nexport PATH\n' \
     "$RAY_HOME" "$RAY_HOME" >"$MNT/etc/profile.d/ray-python.sh"
@@ -77,11 +80,11 @@ base_python() {
   # What the chart and the Dockerfile rely on, as uid 1000 in a login shell.
   bah run --user 1000:100 "$CTR" -- bash -lc \
     "test \"\$(command -v python)\" = $RAY_HOME/anaconda3/bin/python && command -v pip ray wget >/dev/null \
-     && test -w $RAY_HOME/anaconda3 && ray --version | grep -q ' $RAY\$' && python -c 'import ray.dashboard'"
+     && test -w $RAY_HOME/anaconda3 && ray --version | grep -q ' $RAY\$' && python -c 'import ray.dashboard, ray.train'"
 }
 
 base_key() {
-  { echo "suite=$SUITE python=$PYTHON ray=$RAY packages=$BASE_PACKAGES home=$RAY_HOME"; declare -f base_rootfs base_python; } | sha
+  { echo "suite=$SUITE python=$PYTHON ray=$RAY extras=$RAY_EXTRAS packages=$BASE_PACKAGES home=$RAY_HOME"; declare -f base_rootfs base_python; } | sha
 }
 trainer_key() {
   { base_key; cat "$ROOT/$DOCKERFILE" "$ROOT/$REQUIREMENTS" "$ROOT/$CHECK_PINS"; } | sha
@@ -199,11 +202,11 @@ build_base() {
     return
   fi
   if ! bah inspect --type image "$ref" >/dev/null 2>&1; then
-    say "base $ref: building (Debian $SUITE, Python $PYTHON, ray[default]==$RAY)"
+    say "base $ref: building (Debian $SUITE, Python $PYTHON, ray[$RAY_EXTRAS]==$RAY)"
     CTR=$(bah from --pull-never --name "gemma3-ray-base-$$" scratch)
     MNT=$(bah mount "$CTR")
     timed "base: Debian $SUITE rootfs (mmdebstrap)" base_rootfs
-    timed "base: user ray, venv, ray[default]==$RAY (pip)" base_python
+    timed "base: user ray, venv, ray[$RAY_EXTRAS]==$RAY (pip)" base_python
     timed "base: commit" bah commit --quiet --rm "$CTR" "$ref" >/dev/null
     CTR="" MNT=""
   fi

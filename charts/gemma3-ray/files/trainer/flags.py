@@ -183,9 +183,8 @@ class TrainArguments:
     lm_attention: Literal["sdpa", "cudnn"] | None = flag(
         None, "Language-model attention kernel: Transformers' SDPA path (kv heads repeated) or cuDNN's fused attention "
               "with grouped kv heads (Hopper and newer; default: from --recipe).")
-    lean_step: bool | None = flag(None, "No host syncs inside an optimizer step (the image-token check, TRL's "
-                                        "metrics and the NaN filter of the logged loss on the GPU) and SigLIP's "
-                                        "embeddings made contiguous once (default: from --recipe).")
+    lean_step: bool | None = flag(None, "No host syncs inside an optimizer step: the image-token check on the GPU, "
+                                        "TRL's metrics read when logged (default: from --recipe).")
     image_feature_cache_gib: float = flag(
         8.0, "With freeze_vision: GPU memory for image features reused across epochs (0: off).", min=0)
     sample_rows: int = flag(8, "Eval rows (fixed, spread over the split) whose description the end of the run "

@@ -71,3 +71,49 @@ def test_the_run_plan_needs_no_worker_package(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "run done already finished at step 7; nothing to train"
     assert not imported(proc) & set(WORKER_PACKAGES)
+
+
+CHECK_DATA = """
+import json, sys
+BLOCKED = set(json.loads(sys.argv[1]))
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name} is not importable in this test", name=name)
+        return None
+sys.meta_path.insert(0, Refuse())
+sys.path.insert(0, sys.argv[2])
+from flags import parse_args
+from data import check_dataset_before_download
+args = parse_args(["--use_gpu=false", "--quantization=none", f"--dataset_name={sys.argv[3]}",
+                   f"--cache_dir={sys.argv[4]}"])
+print("ROWS", json.dumps(check_dataset_before_download(args, sys.argv[5] or None, "v1")))
+print("IMPORTED", json.dumps(sorted({m.partition(".")[0] for m in sys.modules})), file=sys.stderr)
+"""
+
+
+def check_data_on_head(dataset: str, cache: Path, emulator: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHECK_DATA, json.dumps(WORKER_PACKAGES), str(ENTRY.parent), dataset,
+                           str(cache), emulator], capture_output=True, text=True, timeout=120)
+
+
+def test_the_driver_checks_gs_data_with_ray_only(fake_gcs: str, tmp_path: Path) -> None:
+    """The driver's up-front data check (columns, row count) of gs:// data runs on a Ray-only head (the stock
+    Ray image: no datasets, no torch). Seen on the real cluster of `make e2e`: `import datasets` failed the job."""
+    from storage import Storage
+
+    from tests.trainer.conftest import GCS_BUCKET
+    from tests.trainer.test_scale import upload_rows
+
+    uri = upload_rows(Storage(root=f"gs://{GCS_BUCKET}/light-driver", emulator_host=fake_gcs), 6, tmp_path / "w")
+    proc = check_data_on_head(uri, tmp_path / "cache", fake_gcs)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ROWS 6" in proc.stdout
+    assert not imported(proc) & set(WORKER_PACKAGES)
+
+
+def test_the_driver_leaves_a_hub_dataset_to_the_workers(tmp_path: Path) -> None:
+    """A Hub dataset cannot be read without `datasets`: the head says nothing is known yet (None) and goes on."""
+    proc = check_data_on_head("philschmid/amazon-product-descriptions-vlm", tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ROWS null" in proc.stdout

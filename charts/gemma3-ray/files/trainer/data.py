@@ -360,28 +360,33 @@ def prepare_data(args: TrainArguments, processor, emulator_host: str | None, sca
 
 def check_dataset_before_download(args: TrainArguments, emulator_host: str | None, version: str = "") -> int | None:
     """Columns of the data, checked before any model download (reads only the schema where it can); the number of
-    rows when it is known without reading them (parquet metadata, a dataset loaded here), else None."""
+    rows when it is known without reading them (parquet metadata), else None. Runs on the driver, i.e. on a head
+    with Ray alone (pyarrow comes with Ray Train): a Hub dataset, which needs `datasets`, is left to the workers."""
     mapping = column_mapping(args)
     name = args.dataset_name
-    if is_file_source(name) and not name.startswith("gs://"):
+    if not is_file_source(name):
+        return None  # the workers load it (and check its columns) with `datasets`
+    if name.startswith("gs://"):  # the node copy of the data files, the one the workers read
+        try:
+            path = copy_data_files(name, cache_root(args), gcs(emulator_host), set(DATA_SUFFIXES), version)
+        except FileNotFoundError as e:
+            raise UsageError(f"dataset_name: {name} does not exist") from e
+    else:
         path = Path(name)
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
-        if not files:
-            raise UsageError(f"dataset_name: no .parquet/.jsonl files at {name}")
-        rows = None
-        if files[0].suffix == ".parquet":
-            import pyarrow.parquet as pq
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+    if not files:
+        raise UsageError(f"dataset_name: no .parquet/.jsonl files at {name}")
+    rows = None
+    if files[0].suffix == ".parquet":
+        import pyarrow.parquet as pq
 
-            columns = pq.read_schema(files[0]).names
-            rows = sum(pq.read_metadata(f).num_rows for f in files if f.suffix == ".parquet")
-        else:
-            with open(files[0]) as fh:
-                first = fh.readline()
-            columns = list(json.loads(first).keys()) if first.strip() else []
-        check_schema(columns, mapping, name)
-        return rows
-    rows = load_rows(args, emulator_host, version)[0]  # the workers' copy
-    check_schema(list(rows.column_names), mapping, name)
-    return len(rows)
+        columns = pq.read_schema(files[0]).names
+        rows = sum(pq.read_metadata(f).num_rows for f in files if f.suffix == ".parquet")
+    else:
+        with open(files[0]) as fh:
+            first = fh.readline()
+        columns = list(json.loads(first).keys()) if first.strip() else []
+    check_schema(columns, mapping, name)
+    return rows
 
 

@@ -32,11 +32,20 @@ def _helm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HELM", os.environ.get("HELM", str(ROOT / ".tools" / "bin" / "helm")))
 
 
-def _setup(kubeconfig: Path, ns: str, *extra: str, apply: bool = False) -> list[str]:
-    """`gemma3-ray kueue setup -n NS -f values/shared-cluster.yaml [extra] [--apply]`: its printed lines."""
+def _priority(tmp_path: Path, name: str) -> Path:
+    """values naming a WorkloadPriorityClass of this test's own (the API server is the session's: another
+    test's classes are there too)."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"kueue:\n  priorityClass: {name}\n")
+    return path
+
+
+def _setup(kubeconfig: Path, ns: str, *extra: str, apply: bool = False, values: tuple[Path, ...] = ()) -> list[str]:
+    """`gemma3-ray kueue setup -n NS -f values/shared-cluster.yaml [-f ...] [extra] [--apply]`: its printed lines."""
     parser = argparse.ArgumentParser()
     kueue_command.register(parser.add_subparsers())
-    args = parser.parse_args(["kueue", "setup", "-n", ns, "-f", str(SHARED), "--kubeconfig", str(kubeconfig), *extra,
+    files = [a for v in (SHARED, *values) for a in ("-f", str(v))]
+    args = parser.parse_args(["kueue", "setup", "-n", ns, *files, "--kubeconfig", str(kubeconfig), *extra,
                               *(["--apply"] if apply else [])])
     lines: list[str] = []
     assert kueue_setup.run(args, lines.append) == 0, lines
@@ -63,25 +72,26 @@ def _queue_of(custom: Any, ns: str) -> tuple[str, dict[str, Any]]:
     return name, cq
 
 
-def test_a_second_namespace_gets_its_own_queue_and_never_takes_over_the_first(kueue_crds: Path) -> None:
+def test_a_second_namespace_gets_its_own_queue_and_never_takes_over_the_first(kueue_crds: Path, tmp_path: Path) -> None:
     api = config.new_client_from_config(config_file=str(kueue_crds))
     custom, api_ext, core = client.CustomObjectsApi(api), client.ApiextensionsV1Api(api), client.CoreV1Api(api)
     team_a, team_b = "vision-a", "vision-b"
     for ns in (team_a, team_b):
         kubectl(kueue_crds, "create", "namespace", ns)
+    mine = (_priority(tmp_path, "teams-high"),)
 
-    _setup(kueue_crds, team_a, apply=True)
+    _setup(kueue_crds, team_a, apply=True, values=mine)
     cq_a, before = _queue_of(custom, team_a)
-    wpc = _get(custom, "workloadpriorityclasses", "batch-high")
+    wpc = _get(custom, "workloadpriorityclasses", "teams-high")
     assert wpc is not None and wpc["metadata"]["labels"][ko.OWNER_LABEL] == ko.OWNER  # the class the values name
 
-    plan_b = _setup(kueue_crds, team_b)
+    plan_b = _setup(kueue_crds, team_b, values=mine)
     assert not [line for line in plan_b if cq_a in line and line.startswith("  + ")], plan_b
-    assert any(line.startswith("  = WorkloadPriorityClass batch-high") for line in plan_b), plan_b
-    _setup(kueue_crds, team_b, apply=True)
-    cq_b, mine = _queue_of(custom, team_b)
+    assert any(line.startswith("  = WorkloadPriorityClass teams-high") for line in plan_b), plan_b
+    _setup(kueue_crds, team_b, apply=True, values=mine)
+    cq_b, theirs = _queue_of(custom, team_b)
     assert cq_b != cq_a
-    assert mine["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": team_b}}
+    assert theirs["spec"]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": team_b}}
     after = _get(custom, "clusterqueues", cq_a)
     assert after is not None and after["spec"] == before["spec"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
@@ -89,8 +99,8 @@ def test_a_second_namespace_gets_its_own_queue_and_never_takes_over_the_first(ku
     # Naming the first team's ClusterQueue on purpose: one sentence, nothing changed.
     parser = argparse.ArgumentParser()
     kueue_command.register(parser.add_subparsers())
-    args = parser.parse_args(["kueue", "setup", "-n", team_b, "-f", str(SHARED), "--cluster-queue", cq_a,
-                              "--kubeconfig", str(kueue_crds), "--apply"])
+    args = parser.parse_args(["kueue", "setup", "-n", team_b, "-f", str(SHARED), "-f", str(mine[0]),
+                              "--cluster-queue", cq_a, "--kubeconfig", str(kueue_crds), "--apply"])
     with pytest.raises(UserError) as refused:
         kueue_setup.run(args, lambda _: None)
     sentence = str(refused.value)
@@ -99,7 +109,7 @@ def test_a_second_namespace_gets_its_own_queue_and_never_takes_over_the_first(ku
     assert _get(custom, "clusterqueues", cq_a)["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # type: ignore[index]
 
     # doctor: each team's queue admits its job.
-    values = render.load_plain(SHARED)
+    values = render.load_values([SHARED, *mine])
     for ns, cq in ((team_a, cq_a), (team_b, cq_b)):
         checks = {c.name: c for c in kueue_check.doctor_checks(ns, "gemma3-ray", custom, api_ext, values, core)}
         assert all(c.ok for c in checks.values()), [c.line() for c in checks.values()]
@@ -107,19 +117,19 @@ def test_a_second_namespace_gets_its_own_queue_and_never_takes_over_the_first(ku
         assert checks["Kueue WorkloadPriorityClass"].ok
 
 
-def test_an_existing_priority_class_is_left_as_it_is(kueue_crds: Path) -> None:
+def test_an_existing_priority_class_is_left_as_it_is(kueue_crds: Path, tmp_path: Path) -> None:
     api = config.new_client_from_config(config_file=str(kueue_crds))
     custom = client.CustomObjectsApi(api)
     ns = "vision-wpc"
     kubectl(kueue_crds, "create", "namespace", ns)
-    if _get(custom, "workloadpriorityclasses", "batch-high") is None:  # the admin's own, made before any setup
-        kubectl(kueue_crds, "apply", "-f", "-", stdin=json.dumps({
-            "apiVersion": ko.API_VERSION, "kind": "WorkloadPriorityClass", "metadata": {"name": "batch-high"},
-            "value": 5000}))
-    before = _get(custom, "workloadpriorityclasses", "batch-high")
-    lines = _setup(kueue_crds, ns, "--priority-value", "7", apply=True)
-    assert not any("WorkloadPriorityClass" in line and line.startswith("  + ") for line in lines), lines
-    assert _get(custom, "workloadpriorityclasses", "batch-high") == before
+    kubectl(kueue_crds, "create", "-f", "-", stdin=json.dumps({  # the admin's own, made before any setup
+        "apiVersion": ko.API_VERSION, "kind": "WorkloadPriorityClass", "metadata": {"name": "teams-admins"},
+        "value": 5000}))
+    before = _get(custom, "workloadpriorityclasses", "teams-admins")
+    lines = _setup(kueue_crds, ns, "--priority-value", "7", apply=True, values=(_priority(tmp_path, "teams-admins"),))
+    assert "  = WorkloadPriorityClass teams-admins (exists, value 5000; shared by the jobs that name it, not changed)" \
+        in lines, lines
+    assert _get(custom, "workloadpriorityclasses", "teams-admins") == before
 
 
 def test_the_default_queue_objects_are_per_namespace() -> None:

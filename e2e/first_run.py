@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -23,7 +24,7 @@ def notes_commands(notes: str) -> list[str]:
 
 def _stream_until(h: Harness, argv: list[str], want: str, seconds: float) -> str:
     """Run a command that does not end by itself (-w, -f); pass when `want` shows up in its output."""
-    proc = subprocess.Popen(argv, env=h.kube.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(argv, env=h.kube.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     got = ""
     try:
         deadline = time.monotonic() + seconds
@@ -31,12 +32,12 @@ def _stream_until(h: Harness, argv: list[str], want: str, seconds: float) -> str
 
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline and want not in got:
+        while time.monotonic() < deadline and not (got and want in got):
             if sel.select(timeout=1):
-                line = proc.stdout.readline()
-                if not line:
+                chunk = os.read(proc.stdout.fileno(), 65536)  # unbuffered: a row after the header is seen
+                if not chunk:
                     break
-                got += line
+                got += chunk.decode(errors="replace")
     finally:
         proc.terminate()
         try:
@@ -111,7 +112,7 @@ def check_outputs(h: Harness, run: Run, summary: dict[str, Any]) -> str:
 def plugin_shows(h: Harness, run: Run) -> str:
     """`gemma3-ray status` and `gemma3-ray logs` against the cluster name the run."""
     base = ["gemma3-ray"]
-    common = ["-n", run.namespace, "--release", run.release, "--project", "gemma3-ray-e2e", "--region", "local"]
+    common = ["-n", run.namespace, "--release", run.release, "--project", "gemma3-ray-e2e", "--region", "us-central1"]
     status = h.kube.run([*base, "status", *common], what="gemma3-ray status", timeout=120).stdout
     if run.rayjob not in status or "SUCCEEDED" not in status:
         raise StageError(f"gemma3-ray status does not show {run.rayjob} SUCCEEDED:\n{status[-600:]}")

@@ -80,7 +80,7 @@ def shared_cluster(h: Harness) -> None:
             holder["b"] = run_b.rayjob
             h.kube.wait_for("release B's Workload pending on quota", lambda: _pending_reason(h, run_b), 60, TEAM_A)
             status = h.kube.run(["gemma3-ray", "status", "-n", TEAM_A, "--release", "b", "--project", "gemma3-ray-e2e",
-                                 "--region", "local"], what="gemma3-ray status", timeout=120).stdout
+                                 "--region", "us-central1"], what="gemma3-ray status", timeout=120).stdout
             reason = _pending_reason(h, run_b)
             if not reason or reason[:40] not in status:
                 raise StageError(f"gemma3-ray status for B does not show Kueue's reason {reason!r}:\n{status[-600:]}")

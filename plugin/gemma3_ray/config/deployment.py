@@ -133,7 +133,7 @@ def resolve(
     if not region and zone:
         region = names.region_of_location(zone)
     if not region:
-        raise MissingSetting("No region: pass --region (e.g. --region us-central1) or run "
+        raise MissingSetting("No region: pass --region (`make prereqs ARGS=\"--region us-central1\"`) or run "
                              "`gcloud config set compute/region REGION`.")
     names.region(region)
     if zone and names.region_of_location(zone) != region:

@@ -215,16 +215,22 @@ def workload_identity_member(project: str, ns: str, ksa_name: str) -> str:
     return f"serviceAccount:{project}.svc.id.goog[{ns}/{ksa_name}]"
 
 
-CHART_FULLNAME_MAX = 40  # the chart's fullname helper truncates to 40 (KubeRay's derived names)
+CHART_FULLNAME_MAX = 40  # the chart's fullname helper keeps names within 40 (KubeRay's derived names)
+_CHART_HASH_LEN = 5  # the chart's gemma3-ray.shorten: "-" and 5 hex of the whole name's sha256
 _GSA_PREFIX = "g3r-"
 _GSA_HASH_LEN = 6
 _GSA_ID_MAX = 30
 
 
 def chart_fullname(release_name: str) -> str:
-    """The chart's ``gemma3-ray.fullname`` (no overrides): the release, or ``RELEASE-gemma3-ray``."""
+    """The chart's ``gemma3-ray.fullname`` (no overrides): the release, or ``RELEASE-gemma3-ray``; one over 40
+    characters keeps its first 34 (less trailing '-') and ends in '-' and 5 hex of its sha256 (``gemma3-ray.shorten``
+    in the chart's _helpers.tpl), so releases sharing their first 40 characters get different names."""
     name = release_name if PRODUCT in release_name else f"{release_name}-{PRODUCT}"
-    return name[:CHART_FULLNAME_MAX].rstrip("-")
+    if len(name) <= CHART_FULLNAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_CHART_HASH_LEN]
+    return f"{name[:CHART_FULLNAME_MAX - _CHART_HASH_LEN - 1].rstrip('-')}-{digest}"
 
 
 def release_gsa_id(ns: str, release_name: str) -> str:

@@ -34,7 +34,9 @@ def say(msg: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="make e2e", description=__doc__.splitlines()[0])
     p.add_argument("--keep", action="store_true", help="leave the local cluster and the releases running")
-    p.add_argument("--only", default="", help="comma-separated stage groups: first,ct,day2 (default: all)")
+    p.add_argument("--only", default="first,ct", help="comma-separated stage groups: first, ct, day2 (default: "
+                   "first,ct; day2 — upgrade, rollback, uninstall, lost worker/head, elastic, Kueue, restricted pods — "
+                   "needs first)")
     return p.parse_args(argv)
 
 
@@ -99,7 +101,10 @@ def inputs(rec: Record, host: str, stack: list):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    groups = set(filter(None, args.only.split(","))) or {"first", "ct", "day2"}
+    groups = set(filter(None, args.only.split(",")))
+    if not groups <= {"first", "ct", "day2"} or ("day2" in groups and "first" not in groups):
+        say(f"[e2e] --only={args.only}: name stage groups among first, ct, day2 (day2 needs first)")
+        return 2
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)

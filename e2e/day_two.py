@@ -68,9 +68,9 @@ def upgrade(h: Harness, first: Run) -> Run:
         if run.rayjob == first.rayjob or run.run_name == first.run_name:
             raise StageError(f"helm upgrade kept RayJob {run.rayjob} / run {run.run_name}: a new revision must be a new run")
         h.wait_run(run)
-        lr = (_finished(h, run).get("definition") or {}).get("learning_rate")
+        lr = ((_finished(h, run).get("definition") or {}).get("flags") or {}).get("learning_rate")
         if lr is None or abs(float(lr) - float(NEW_LR)) > 1e-12:
-            raise StageError(f"{run.run_uri}/summary.json: definition.learning_rate={lr!r}, want {NEW_LR}")
+            raise StageError(f"{run.run_uri}/summary.json: definition.flags.learning_rate={lr!r}, want {NEW_LR}")
         left = [f"rayjob/{first.rayjob}"] if h.kube.get("rayjob", first.rayjob, NAMESPACE) else []
         if old_cluster:
             left += [f"raycluster/{old_cluster}"] if h.kube.get("raycluster", old_cluster, NAMESPACE) else []

@@ -80,14 +80,14 @@ class Harness:
                 "rayJob.runtimeEnv.envVars.STORAGE_EMULATOR_HOST": self.storage.url,
                 "training.model_id": MODEL_URI, "training.dataset_name": DATA_URI}
 
-    def helm_install(self, release: str, ns: str, *, sets: dict[str, str] | None = None,
+    def helm_install(self, release: str, ns: str, *, sets: dict[str, str | int] | None = None,
                      values: list[Path] | None = None, upgrade: bool = False, extra: list[str] | None = None) -> Run:
         """helm install (or upgrade) the chart with values/e2e.yaml; the revision's RayJob and run."""
         args = ["upgrade" if upgrade else "install", release, str(CHART), "-n", ns]
         for v in [VALUES, *(values or [])]:
             args += ["-f", str(v)]
-        for k, v in {**self.base_sets(), **(sets or {})}.items():
-            args += ["--set-string", f"{k}={v}"]
+        for k, v in {**self.base_sets(), **(sets or {})}.items():  # ints as numbers, the rest verbatim as text
+            args += ["--set" if isinstance(v, int) else "--set-string", f"{k}={v}"]
         args += extra or []
         self.kube.h(*args, timeout=180, what=f"helm {args[0]} {release}")
         if (ns, release) not in self.installed:

@@ -288,10 +288,11 @@ def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class FakeGcs:
-    """fake-gcs-server on 127.0.0.1 with objects as files under ``root/<bucket>/...``; start() then stop()."""
+    """fake-gcs-server on 127.0.0.1 (or host) with objects as files under ``root/<bucket>/...``; start() then stop()."""
 
     root: Path
     log_path: Path
+    host: str = LOCALHOST
     port: int = field(default_factory=free_port)
     owned: Owned | None = None
     stopped: Stopped | None = None
@@ -302,7 +303,7 @@ class FakeGcs:
 
     @property
     def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def local_path(self, uri: str) -> Path:
         """Where a ``gs://bucket/key`` object of this server lies on disk."""
@@ -326,7 +327,7 @@ class FakeGcs:
         self.root.mkdir(parents=True, exist_ok=True)
         cmd = [
             str(_fake_gcs_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(self.root),
-            "-host", LOCALHOST, "-port", str(self.port), "-external-url", self.url, "-log-level", "warn",
+            "-host", self.host, "-port", str(self.port), "-external-url", self.url, "-log-level", "warn",
         ]
         self.owned = Owned(marker=self.url)
         with open(self.log_path, "wb") as log:
@@ -373,9 +374,9 @@ def _fake_gcs_binary() -> Path:
     raise DemoError(f"no fake-gcs-server binary for linux/{machine} in {bin_dir}")
 
 
-def start_fake_gcs(root: Path, log_path: Path) -> FakeGcs:
+def start_fake_gcs(root: Path, log_path: Path, host: str = LOCALHOST, kind: type[FakeGcs] = FakeGcs) -> FakeGcs:
     """A started storage server; on any failure or interrupt during the start it is stopped again."""
-    server = FakeGcs(root, log_path)
+    server = kind(root, log_path, host=host)
     try:
         server.start()
     except BaseException:

@@ -22,6 +22,14 @@ def notes_commands(notes: str) -> list[str]:
     return [m.group(1).strip() for m in re.finditer(r"^\s{3,}((?:kubectl|helm|gemma3-ray|gcloud) .+)$", notes, re.M)]
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _stream_until(h: Harness, argv: list[str], want: str, seconds: float) -> str:
     """Run a command that does not end by itself (-w, -f); pass when `want` shows up in its output."""
     proc = subprocess.Popen(argv, env=h.kube.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -39,11 +47,7 @@ def _stream_until(h: Harness, argv: list[str], want: str, seconds: float) -> str
                     break
                 got += chunk.decode(errors="replace")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
     if want not in got:
         raise StageError(f"NOTES command `{shlex.join(argv)}` did not show {want!r} in {seconds:.0f} s: {got[-300:]!r}")
     return got
@@ -66,11 +70,7 @@ def _port_forward(h: Harness, argv: list[str]) -> str:
         raise StageError(f"NOTES command `{shlex.join(argv)}`: http://localhost:{port} did not answer "
                          f"({(proc.stdout.read() if proc.poll() is not None else '')[-300:]!r})")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
 
 
 def check_notes(h: Harness, run: Run) -> str:

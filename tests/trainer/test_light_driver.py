@@ -15,7 +15,7 @@ WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "a
                    "liger_kernel", "huggingface_hub", "safetensors", "tensorboardX")
 # Runs the entry point as `python vision_train.py ARGS` does, with a meta-path finder that refuses the
 # worker packages; then says which top-level modules got imported.
-RUNNER = """
+BLOCK = """
 import json, runpy, sys
 BLOCKED = set(json.loads(sys.argv[1]))
 class Refuse:
@@ -24,6 +24,8 @@ class Refuse:
             raise ModuleNotFoundError(f"{name} is not importable in this test", name=name)
         return None
 sys.meta_path.insert(0, Refuse())
+"""
+RUNNER = BLOCK + """
 script, sys.argv = sys.argv[2], [sys.argv[2], *sys.argv[3:]]
 sys.path.insert(0, script.rsplit("/", 1)[0])
 try:
@@ -73,15 +75,7 @@ def test_the_run_plan_needs_no_worker_package(tmp_path: Path) -> None:
     assert not imported(proc) & set(WORKER_PACKAGES)
 
 
-CHECK_DATA = """
-import json, sys
-BLOCKED = set(json.loads(sys.argv[1]))
-class Refuse:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"{name} is not importable in this test", name=name)
-        return None
-sys.meta_path.insert(0, Refuse())
+CHECK_DATA = BLOCK + """
 sys.path.insert(0, sys.argv[2])
 from flags import parse_args
 from data import check_dataset_before_download

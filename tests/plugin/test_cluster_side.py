@@ -8,7 +8,7 @@ import time
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.clients import Clients, Kube
 from gemma3_ray.config.deployment import Overrides, resolve
 from gemma3_ray.kube import kuberay_crd
 from gemma3_ray.release import doctor
@@ -30,7 +30,7 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
 ) -> None:
     core = FakeCore()
     clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam, resource_manager=FakeResourceManager(PROJECT),
-                      service_usage=fake_usage, core_v1=core)
+                      service_usage=fake_usage, kube=Kube(core=core))
     monkeypatch.delenv("MY_HF", raising=False)
     assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 2
     assert "MY_HF is empty or unset" in capsys.readouterr().err
@@ -107,12 +107,12 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     assert "run `gemma3-ray prereqs --apply -n ml" in failing["Workload Identity binding"].detail
     assert "the chart creates it" in failing["KSA annotation"].detail
 
-    from gemma3_ray.cli import release_commands
+    from gemma3_ray.release import prereqs
 
     core.secrets[("ml", "hf-secret")] = client.V1Secret(data={"hf_api_token": "eA=="})
     core.service_accounts[("ml", "gemma3-ray")] = client.V1ServiceAccount(metadata=client.V1ObjectMeta(
         annotations={doctor.WI_ANNOTATION: dep.gsa_email}))
-    assert release_commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+    assert prereqs.run(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
     kube.api_ext = FakeApiExtensions.kuberay("v1.7.0")
     results = doctor.run_checks(dep, clients, kube)
     assert [c.line() for c in results if not c.ok] == []

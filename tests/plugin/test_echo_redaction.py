@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.clients import Clients, Kube
 
 from tests.plugin.conftest import PROJECT, REGION
 from tests.plugin.kube_fakes import FakeCore
@@ -71,7 +71,7 @@ def test_no_flag_of_any_command_prints_a_token_back(command: tuple[str, ...], fl
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-credentials.json"))
     argv = [*command, flag, value, *_base(command)]
     with contextlib.suppress(SystemExit):  # argparse's own refusal (an int, a choice): its message is checked too
-        cli.main(argv, Clients(project=PROJECT, core_v1=FakeCore()))
+        cli.main(argv, Clients(project=PROJECT, kube=Kube(core=FakeCore())))
     printed = "".join(capsys.readouterr())
     assert value[3:15] not in printed and value[-12:] not in printed, printed[-2000:]
 

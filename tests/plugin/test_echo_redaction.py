@@ -18,7 +18,7 @@ from tests.plugin.kube_fakes import FakeCore
 TOKEN = "hf_QwErTy1234567890AbCdEfGhIjKlMnOpQr"  # noqa: S105 - a made-up Hugging Face token
 WORD = "QwErTy1234567890AbCdEfGhIjKl"  # a long mixed-case word: a pasted secret of another kind
 BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context", "-n", "ml"]
-COMMON_ON = ("values", "prereqs")  # the flags every command shares are read once, by from_args: two commands show it
+COMMON_ON = ("values", "prereqs")  # the flags every command shares are read once, by cli.common.resolve: two commands show it
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:

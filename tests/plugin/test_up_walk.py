@@ -18,6 +18,7 @@ of plugin/README.md: cli, release, kueue, gcp, gke|kube, config, utils).
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from pathlib import Path
 
@@ -40,6 +41,9 @@ def files_of(source: Path) -> dict[str, Path]:
 
 
 class Walker:
+    """The walk of one module's functions (its imports read once). A local assigned from a call into a module,
+    or from a name of a known type, counts as that module's: an over-count can only add entries, never hide one."""
+
     def __init__(self, source: Path, module: str) -> None:
         self.files = files_of(source)
         self.module = module
@@ -229,6 +233,14 @@ def test_up_enters_no_module_twice() -> None:
     steps = walk("release.up", "run")
     assert entered_twice(steps) == [], steps
     assert steps == UP_WALK  # every room `up` needs is seen (a walk that resolved nothing would pass the line above)
+
+
+def test_up_says_its_walk() -> None:
+    """release/up.py's docstring names the modules its flow enters in the order the walk finds them."""
+    files = files_of(SOURCE)
+    doc = ast.get_docstring(ast.parse(files["release.up"].read_text(encoding="utf-8"))) or ""
+    named = [m for m in re.findall(r"``([a-z_]+\.[a-z_]+)``", doc) if m in files]
+    assert named == walk("release.up", "run")
 
 
 def test_the_cli_only_parses_up() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
+from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
@@ -149,3 +150,33 @@ def test_rayjob_state_reads_kuberay_status() -> None:
     assert (state.job_status, state.deployment_status, state.ray_cluster) == ("RUNNING", "Running", "t-gemma3-ray-abcde")
     fresh = cluster.rayjob_state({"metadata": {"name": "t"}})
     assert (fresh.job_status, fresh.deployment_status) == ("PENDING", "New")
+
+
+def test_one_kubernetes_connection_per_kube_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.clients.Kube makes one connection for its kube context and every API client on it; pointed at
+    another context (the same Clients given to a second command) it drops what it made, never what it was given."""
+    from gemma3_ray.config import clients as seam
+
+    made: list[tuple[str | None, str | None]] = []
+    real = seam.connect
+    monkeypatch.setattr(seam, "connect", lambda *where: made.append(where) or real(*where))
+    configs = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        path.write_text(f"apiVersion: v1\nkind: Config\ncurrent-context: {name}\n"
+                        f"clusters: [{{name: {name}, cluster: {{server: 'https://{name}.invalid:6443'}}}}]\n"
+                        f"users: [{{name: {name}, user: {{token: t}}}}]\n"
+                        f"contexts: [{{name: {name}, context: {{cluster: {name}, user: {name}}}}}]\n")
+        configs.append(str(path))
+    given = FakeCore()
+    kube = Kube(core=given)
+    kube.point_at(configs[0], None)
+    custom, api_ext = kube.get_custom(), kube.get_api_ext()
+    assert kube.get_core() is given and kube.get_custom() is custom and made == [(configs[0], None)]
+    assert custom.api_client is api_ext.api_client and custom.api_client.configuration.host == "https://a.invalid:6443"
+    kube.point_at(configs[0], None)  # the same context: nothing made again
+    assert kube.get_custom() is custom and made == [(configs[0], None)]
+    kube.point_at(configs[1], None)
+    assert kube.get_core() is given and kube.get_custom() is not custom
+    assert made == [(configs[0], None), (configs[1], None)]
+    assert kube.get_custom().api_client.configuration.host == "https://b.invalid:6443"

@@ -77,6 +77,15 @@ class Kube:
     custom: Any = None  # CustomObjectsApi
     api_ext: Any = None  # ApiextensionsV1Api
     _api: Any = field(default=None, repr=False)
+    _made: set[str] = field(default_factory=set, repr=False)  # the clients made here on _api (not given)
+
+    def point_at(self, kubeconfig: str | None, context: str | None) -> None:
+        """The kube context this command uses; a connection made for another one is dropped with its clients."""
+        if (kubeconfig, context) != (self.kubeconfig, self.context):
+            for name in self._made:
+                setattr(self, name, None)
+            self._api, self._made = None, set()
+        self.kubeconfig, self.context = kubeconfig, context
 
     def api_client(self) -> Any:
         if self._api is None:
@@ -88,6 +97,7 @@ class Kube:
             from kubernetes import client
 
             self.core = client.CoreV1Api(self.api_client())
+            self._made.add("core")
         return self.core
 
     def get_custom(self) -> Any:
@@ -95,6 +105,7 @@ class Kube:
             from kubernetes import client
 
             self.custom = client.CustomObjectsApi(self.api_client())
+            self._made.add("custom")
         return self.custom
 
     def get_api_ext(self) -> Any:
@@ -102,6 +113,7 @@ class Kube:
             from kubernetes import client
 
             self.api_ext = client.ApiextensionsV1Api(self.api_client())
+            self._made.add("api_ext")
         return self.api_ext
 
 

@@ -217,7 +217,7 @@ def load(flags: Overrides, clients: Clients | None = None, *, configuration: str
     dep = resolve(flags, gcloud, gke, kube_context=context, given=given)
     if clients is None:
         clients = Clients(project=dep.project)
-    clients.kube.kubeconfig, clients.kube.context = kubeconfig, kube_context
+    clients.kube.point_at(kubeconfig, kube_context)
     shape = _shape(flags, dep, clients)
     if shape is not None:
         dep = replace(dep, shape=shape)

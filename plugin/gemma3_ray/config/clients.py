@@ -1,9 +1,9 @@
 """The API clients — Google Cloud's and the Kubernetes cluster's — made once per command (tests pass their own).
 
 Every connection a command makes is built here, on first use, and kept for the rest of the command:
-the Google clients from Application Default Credentials, and the Kubernetes API clients (``Kube``)
-from one ``ApiClient`` for the kubeconfig and context the command was given (``connect``, the one
-place a Kubernetes client is constructed).
+the Google clients from Application Default Credentials, and the Kubernetes API clients (``Kube``,
+the only place they are constructed) on one ``ApiClient`` for the kubeconfig and context the command
+was given (``connect``, the only place a Kubernetes connection is made).
 """
 
 from __future__ import annotations

@@ -56,6 +56,17 @@ def kueue_crds(kube_apiserver: Path) -> Path:
     return kube_apiserver
 
 
+def serve_kuberay(kubeconfig: Path, version: str) -> None:
+    """Serve KubeRay `version`'s RayCluster and RayJob CRDs (v1.7.0, v1.5.0 or v1.4.2; tests/kuberay_crds.py)
+    from now on, replacing the ones served before (server-side apply: the CRD's schema changes in place)."""
+    from tests.kuberay_crds import crd_files
+
+    files = [a for f in crd_files(version) for a in ("-f", str(f))]
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", *files)
+    kubectl(kubeconfig, "wait", "--for", "condition=established", "--timeout=60s", "crd/rayclusters.ray.io",
+            "crd/rayjobs.ray.io")
+
+
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
     out = subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
                          text=True, timeout=60)

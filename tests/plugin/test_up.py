@@ -17,8 +17,7 @@ from gemma3_ray.utils import names
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder, storage_client
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
-from tests.plugin.kube_apiserver import kubectl
-from tests.plugin.kube_fakes import crds_dir
+from tests.plugin.kube_apiserver import kubectl, serve_kuberay
 from tests.plugin.test_prereqs import _clients
 
 HELMS = {"helm4": os.environ.get("HELM", str(ROOT / ".tools/bin/helm")),
@@ -95,15 +94,11 @@ def test_up_installs_the_release_with_its_own_identity(
 def kuberay_142(kube_apiserver: Path) -> Iterator[Path]:
     """The session's API server serving KubeRay 1.4.2's CRDs for one class of tests (1.7.0's again after it):
     swapping them takes ~10 s each way, so the cases share one swap."""
-    def use(version: str) -> None:
-        kubectl(kube_apiserver, "apply", "--server-side", "--force-conflicts", "-f", str(crds_dir() / version))
-        kubectl(kube_apiserver, "wait", "--for", "condition=established", "--timeout=60s", "crd/rayjobs.ray.io")
-
-    use("v1.4.2")
+    serve_kuberay(kube_apiserver, "v1.4.2")
     try:
         yield kube_apiserver
     finally:
-        use("v1.7.0")
+        serve_kuberay(kube_apiserver, "v1.7.0")
 
 
 class TestOnKubeRay142:

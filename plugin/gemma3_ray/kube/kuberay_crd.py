@@ -36,7 +36,7 @@ def _deletion_set(values: dict[str, Any]) -> bool:
 
 
 def _collector_set(values: dict[str, Any]) -> bool:
-    return bool((((values.get("historyServer") or {}).get("collector") or {}).get("image")))
+    return bool(((values.get("historyServer") or {}).get("collector") or {}).get("image"))
 
 
 def _dashboard_port(values: dict[str, Any]) -> int:

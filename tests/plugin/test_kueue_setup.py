@@ -99,11 +99,16 @@ def test_plan_then_apply_then_nothing_to_do(kueue_crds: Path) -> None:
 
 def test_queued_provisioning_adds_the_admission_check(kueue_crds: Path) -> None:
     ns = _ns(kueue_crds, "kueue-queued")
-    _run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="dws"))
+    lines = _run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="dws"))
     prc = _get(kueue_crds, "ProvisioningRequestConfig", "dws-cq-queued-provisioning")
     check = _get(kueue_crds, "AdmissionCheck", "dws-cq-queued-provisioning")
     assert prc is not None and prc["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
     assert prc["spec"]["managedResources"] == ["nvidia.com/gpu"]
+    # Kept by the API server (Kueue's CRD prunes a field it does not know): GKE's one pod set per request (#34).
+    assert prc["spec"]["podSetMergePolicy"] == "IdenticalWorkloadSchedulingRequirements"
+    assert prc["spec"]["retryStrategy"] == {"backoffLimitCount": 3, "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800}
+    assert any("podSetMergePolicy IdenticalWorkloadSchedulingRequirements" in line and "retries a request GKE cannot "
+               "fill 3 times" in line for line in lines), lines
     assert check is not None and check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
     cq = _get(kueue_crds, "ClusterQueue", "dws-cq")
     assert cq is not None
@@ -113,6 +118,22 @@ def test_queued_provisioning_adds_the_admission_check(kueue_crds: Path) -> None:
     assert flavor is not None and flavor["spec"]["nodeLabels"]["cloud.google.com/gke-flex-start"] == "true"
     assert {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"} in flavor["spec"]["nodeTaints"]
     assert _quota(cq)[("dws-cq-gpu", "nvidia.com/gpu")] == "16"  # 2 pods x 8 GPUs
+
+
+def test_a_provisioning_config_without_the_merge_policy_is_brought_up_to_date(kueue_crds: Path) -> None:
+    """A ProvisioningRequestConfig an older `kueue setup` made (no podSetMergePolicy, a retry strategy of its
+    own) is planned as an update and then carries both."""
+    ns = _ns(kueue_crds, "kueue-queued-old")
+    _run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="old"))
+    kubectl(kueue_crds, "patch", "provisioningrequestconfig", "old-cq-queued-provisioning", "--type=json", "-p", json.dumps([
+        {"op": "remove", "path": "/spec/podSetMergePolicy"},
+        {"op": "replace", "path": "/spec/retryStrategy/backoffLimitCount", "value": 0}]))
+    plan_lines = _run(_args(kueue_crds, ns, QUEUED, queued=True, name="old"))
+    assert "  + update ProvisioningRequestConfig old-cq-queued-provisioning" in plan_lines, plan_lines
+    _run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="old"))
+    prc = _get(kueue_crds, "ProvisioningRequestConfig", "old-cq-queued-provisioning")
+    assert prc is not None and prc["spec"]["podSetMergePolicy"] == "IdenticalWorkloadSchedulingRequirements"
+    assert prc["spec"]["retryStrategy"]["backoffLimitCount"] == 3
 
 
 def test_an_object_it_did_not_create_is_never_touched(kueue_crds: Path) -> None:

@@ -26,6 +26,15 @@ OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER = f"{names.PRODUCT}-kueue-setup"
 PROVISIONING_CLASS = "queued-provisioning.gke.io"  # GKE's class for flex-start with queued provisioning
 PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+# GKE's ProvisioningRequest takes one pod set per request (ray-project/ray#57839): Kueue merges the pod
+# sets it sends whose scheduling requirements are the same (apis/kueue/v1beta2/provisioningrequestconfig_types.go
+# IdenticalWorkloadSchedulingRequirements; the other policy, IdenticalPodTemplates, also needs the
+# same containers and labels).
+POD_SET_MERGE_POLICY = "IdenticalWorkloadSchedulingRequirements"
+# A request GKE cannot fill is retried: at most 3 times, after about 60 s, 120 s, 240 s (at most 1800 s),
+# then Kueue deactivates the Workload. These are Kueue's documented defaults (retryStrategy), written out
+# so the plan shows them and a live object that differs is brought back.
+RETRY_STRATEGY = {"backoffLimitCount": 3, "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800}
 # KubeRay's submitter defaults (ray-operator/controllers/ray/common/job.go), as Kueue mirrors them.
 DEFAULT_SUBMITTER_REQUESTS = {"cpu": "500m", "memory": "200Mi"}
 # The node labels that tell GPU pools apart (the chart's worker nodeSelector sets them).
@@ -213,7 +222,8 @@ def objects(setup: Setup) -> list[dict[str, Any]]:
     }
     if setup.queued:
         out.append({"apiVersion": API_VERSION, "kind": "ProvisioningRequestConfig", "metadata": _meta(setup.check),
-                    "spec": {"provisioningClassName": PROVISIONING_CLASS, "managedResources": [GPU]}})
+                    "spec": {"provisioningClassName": PROVISIONING_CLASS, "managedResources": [GPU],
+                             "podSetMergePolicy": POD_SET_MERGE_POLICY, "retryStrategy": dict(RETRY_STRATEGY)}})
         out.append({"apiVersion": API_VERSION, "kind": "AdmissionCheck", "metadata": _meta(setup.check),
                     "spec": {"controllerName": PROVISIONING_CONTROLLER, "parameters": {
                         "apiGroup": GROUP, "kind": "ProvisioningRequestConfig", "name": setup.check}}})

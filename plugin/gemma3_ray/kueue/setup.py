@@ -202,6 +202,12 @@ def run(args: argparse.Namespace, out: Out) -> int:
         f"{setup.jobs} job(s) at once; one job asks for:")
     for s in setup.sets:
         out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
+    if setup.queued:
+        r = ko.RETRY_STRATEGY
+        out(f"  queued provisioning: the ProvisioningRequestConfig merges pod sets with the same scheduling "
+            f"requirements (podSetMergePolicy {ko.POD_SET_MERGE_POLICY}: GKE's ProvisioningRequest takes one pod "
+            f"set) and retries a request GKE cannot fill {r['backoffLimitCount']} times, "
+            f"{r['backoffBaseSeconds']} s apart and doubling, at most {r['backoffMaxSeconds']} s (retryStrategy).")
     api, reason = _api(args)
     p = plan(api, wanted, setup.namespace)
     for line in p.lines():

@@ -156,7 +156,8 @@ def _taken(text: str, live: dict[str, Any], namespace: str) -> TakenByAnotherNam
         f"(each namespace gets its own ClusterQueue) or pass another one than {live['metadata']['name']}.")
 
 
-def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
+def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str,
+               values: list[dict[str, Any]] | None = None) -> ko.Setup:
     namespace = args.namespace or "default"
     names.dns_label("namespace", namespace, "--namespace")
     labels = rayjob["metadata"]["labels"]
@@ -166,18 +167,26 @@ def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str) 
         names.dns_label("queue", value, flag)
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1 (how many such jobs the queue admits at once).")
+    fallback: tuple[str, ...] = ()
+    reservation = _last(values or [], "capacity", "reservation") or ""
+    if capacity == "fallback":
+        # What the chart accepted for these values (its schema: each kind once, of FALLBACK_KINDS).
+        listed = next((v["capacity"]["fallback"] for v in reversed(values or [])
+                       if isinstance(v.get("capacity"), dict) and "fallback" in v["capacity"]), None)
+        fallback = tuple(listed) if listed else ko.FALLBACK_KINDS
     return ko.Setup(namespace=namespace, queue=queue, cluster_queue=cluster_queue,
                     sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=args.jobs,
                     priority=labels.get(ko.PRIORITY_LABEL, ""),
-                    priority_value=getattr(args, "priority_value", ko.DEFAULT_PRIORITY_VALUE))
+                    priority_value=getattr(args, "priority_value", ko.DEFAULT_PRIORITY_VALUE),
+                    fallback=fallback, reservation=reservation)
 
 
 def _last(values: list[dict[str, Any]], section: str, key: str) -> Any:
     return next((v[section][key] for v in reversed(values) if isinstance(v.get(section), dict) and v[section].get(key)), None)
 
 
-def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The RayJob the chart renders from these values (with this queue), and its capacity.type."""
+def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    """The RayJob the chart renders from these values (with this queue), its capacity.type and the values."""
     from gemma3_ray.config import render
     from gemma3_ray.kube import helm_release
 
@@ -191,17 +200,21 @@ def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     jobs = [d for d in docs if d.get("kind") == "RayJob"]
     if len(jobs) != 1:
         raise UserError(f"The chart rendered {len(jobs)} RayJobs from these values, expected one.")
-    return jobs[0], capacity
+    return jobs[0], capacity, values
 
 
 def run(args: argparse.Namespace, out: Out) -> int:
-    rayjob, capacity = rendered_job(args)
-    setup = setup_from(args, rayjob, capacity)
+    rayjob, capacity, values = rendered_job(args)
+    setup = setup_from(args, rayjob, capacity, values)
     wanted = ko.objects(setup)
     out(f"Kueue objects for queue {setup.namespace}/{setup.queue} (ClusterQueue {setup.cluster_queue}), for "
         f"{setup.jobs} job(s) at once; one job asks for:")
     for s in setup.sets:
         out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
+    if setup.fallback:
+        out(f"  capacity that falls back: Kueue tries {', '.join(setup.fallback_flavor(k) for k in setup.fallback)} in "
+            "that order and admits the job on the first with quota left, putting that flavor's node labels on "
+            f"{'the GPU pods' if setup.gpu_sets else 'its pods'}.")
     if setup.queued:
         r = ko.RETRY_STRATEGY
         out(f"  queued provisioning: the ProvisioningRequestConfig merges pod sets with the same scheduling "

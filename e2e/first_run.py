@@ -258,6 +258,16 @@ def finalizer_line(h: Harness) -> str:
                     120, NAMESPACE)
     h.kube.k("-n", NAMESPACE, "patch", "rayjob", run.rayjob, "--type=json",
              "-p", f'[{{"op": "add", "path": "/metadata/finalizers/-", "value": "{STAND_IN_FINALIZER}"}}]')
+    try:
+        return _free_held(h, run, argv, finalizers)
+    finally:  # never leave the stand-in behind (the namespace could not be deleted)
+        job = h.kube.get("rayjob", run.rayjob, NAMESPACE)
+        if job and STAND_IN_FINALIZER in (job["metadata"].get("finalizers") or []):
+            h.kube.k("-n", NAMESPACE, "patch", "rayjob", run.rayjob, "--type=merge",
+                     "-p", '{"metadata":{"finalizers":null}}', check=False)
+
+
+def _free_held(h: Harness, run: Run, argv: list[str], finalizers) -> str:
     h.kube.h("uninstall", FINALIZER_RELEASE, "-n", NAMESPACE, timeout=120, what=f"helm uninstall {FINALIZER_RELEASE}")
     if (NAMESPACE, FINALIZER_RELEASE) in h.installed:
         h.installed.remove((NAMESPACE, FINALIZER_RELEASE))

@@ -25,12 +25,25 @@ def _overlay(h: Harness) -> Path:
     return path
 
 
+CLUSTER_KINDS = ("resourceflavors", "workloadpriorityclasses", "clusterqueues")
+
+
+def _cluster_objects(h: Harness) -> set[tuple[str, str]]:
+    return {(kind, o["metadata"]["name"]) for kind in CLUSTER_KINDS for o in h.kube.items(kind, None)}
+
+
 def _kueue_setup(h: Harness, ns: str, values: list[Path], apply: bool = True, check: bool = True):
+    """`gemma3-ray kueue setup`; the cluster-scoped objects it made are this run's to delete at the end."""
     argv = ["gemma3-ray", "kueue", "setup", "-n", ns, "--jobs", "1"]
     for v in values:
         argv += ["-f", str(v)]
-    return h.kube.run(argv + (["--apply"] if apply else []), what=f"gemma3-ray kueue setup -n {ns}", timeout=180,
-                      check=check)
+    before = _cluster_objects(h)
+    try:
+        return h.kube.run(argv + (["--apply"] if apply else []), what=f"gemma3-ray kueue setup -n {ns}", timeout=180,
+                          check=check)
+    finally:
+        order = {k: i for i, k in enumerate(CLUSTER_KINDS)}  # deleted in reverse: ClusterQueues first
+        h.cluster_scoped += sorted(_cluster_objects(h) - before, key=lambda o: order[o[0]])
 
 
 def _cluster_queue(h: Harness, ns: str) -> tuple[str, dict[str, Any]]:
@@ -88,7 +101,6 @@ def kueue_setup(h: Harness) -> str:
                          "pod-security.kubernetes.io/enforce-version": "latest"})
     _kueue_setup(h, TEAM_A, _values(h))
     cq_name, cq = _cluster_queue(h, TEAM_A)
-    h.cluster_scoped.append(("clusterqueue", cq_name))
     h.shared["cq_a"], h.shared["cq_a_spec"] = cq_name, cq
     wpc = "batch-high"
     if h.kube.get("workloadpriorityclass", wpc, "default") is None:
@@ -145,7 +157,6 @@ def second_team(h: Harness) -> str:
         raise StageError(f"gemma3-ray kueue setup -n {TEAM_B} exited {proc.returncode}:\n{said[-600:]}")
     cq_a, before = h.shared["cq_a"], h.shared["cq_a_spec"]
     cq_b, _ = _cluster_queue(h, TEAM_B)
-    h.cluster_scoped.append(("clusterqueue", cq_b))
     if cq_b == cq_a:
         raise StageError(f"{TEAM_B}'s LocalQueue points at {TEAM_A}'s ClusterQueue {cq_a}, not one of its own")
     if h.kube.get("clusterqueue", cq_b, "default") is None:

@@ -17,7 +17,7 @@ from typing import Any
 
 # part -> (a word in its Deployment's image, the host binary's name, its Go module)
 OPERATORS = {
-    "KubeRay": ("kuberay-operator", "ray-operator", "github.com/ray-project/kuberay/ray-operator"),
+    "KubeRay": ("kuberay/operator", "ray-operator", "github.com/ray-project/kuberay/ray-operator"),
     "Kueue": ("kueue", "kueue", "sigs.k8s.io/kueue"),
     "CoreDNS": ("coredns", "coredns", "github.com/coredns/coredns"),
 }

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     stack: list = []
     harness: Harness | None = None
     code = 1
+    error = ""
     try:
         kubeconfig, host, local = start_cluster(rec, stack)
         kube = Kube(kubeconfig, OUT / "e2e.log", helm=os.environ.get("HELM", "helm"))
@@ -129,12 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         run_stages(harness, rec, reasons, deadline=deadline)
         code = 0 if rec.ok else 1
     except StageError as e:
+        error = str(e)
         say(f"[e2e] FAILED: {e}")
     except KeyboardInterrupt:
         say("[e2e] interrupted: cleaning up")
         code = 130
     finally:
-        finish(rec, stop_reason(rec, code == 130))
+        finish(rec, stop_reason(rec, code == 130, error))
         code = _cleanup(rec, harness, stack, args.keep, code)
     return code
 

@@ -15,7 +15,7 @@ from e2e.kube import StageError, ended
 from e2e.notes_check import QUICK_ROLLBACK_STAGE
 
 UNINSTALL_LIMIT_S = 120
-QUICK_LR = "0.003"  # the upgrade that the stage 'upgrade, rollback at once' rolls back
+QUICK_LR = "0.003"  # the upgrade that the stage 'upgrade + rollback at once' rolls back
 # What NOTES, the chart README and `gemma3-ray status` say to wait for before rolling back to a revision
 # whose RayJob is still being deleted (Helm refuses until then: "original object RayJob … not found").
 WAIT_SENTENCE = "wait until it is gone"

@@ -25,7 +25,7 @@ _RAY_VERSION = re.compile(r"\(Ray (\d+\.\d+\.\d+)\)")
 # kinds of NOTES line
 WATCH, FOLLOW, PORT_FORWARD, RUN, BY_STAGE, NOT_RUN = "watch", "follow", "port-forward", "run", "by stage", "not run"
 FINALIZER_STAGE = "NOTES: finalizer line"
-QUICK_ROLLBACK_STAGE = "upgrade, rollback at once"
+QUICK_ROLLBACK_STAGE = "upgrade + rollback at once"
 
 
 @dataclass(frozen=True)

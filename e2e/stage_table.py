@@ -87,7 +87,7 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("rollback", DAY2, "NOTES' `helm rollback <r> <revision>` to revision 1 re-applies RayJob `<r>-r1`, "
               "which resumes the first run (finished: nothing trained again).", _f("day_two", "rollback"),
               needs=(*FIRST_RUN, "upgrade"), typical_s=40),
-    StageSpec("upgrade, rollback at once", DAY2, "A `helm upgrade` while the job runs, rolled back at once: the "
+    StageSpec("upgrade + rollback at once", DAY2, "A `helm upgrade` while the job runs, rolled back at once: the "
               "rollback works, or Helm refuses it while the previous RayJob is being deleted, `gemma3-ray status` "
               "says to wait until it is gone, and after that wait the rollback works; the rolled-back RayJob "
               "resumes its run from a checkpoint and SUCCEEDS.", _f("day_two", "quick_rollback"),
@@ -218,11 +218,14 @@ def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES) -> N
             row.group, row.claim = specs[row.name].group, specs[row.name].claim
 
 
-def stop_reason(record: Record, interrupted: bool) -> str:
+def stop_reason(record: Record, interrupted: bool, error: str = "") -> str:
+    """Why the stages without a row did not run: ^C, the stage that failed, or the error that stopped the run."""
     if interrupted:
         return "interrupted"
     failed = record.failed
-    return f"stopped: stage {failed[0]!r} failed" if failed else "stopped before it"
+    if failed:
+        return f"stopped: stage {failed[0]!r} failed"
+    return f"stopped: {error.splitlines()[0][:200]}" if error else "stopped before it"
 
 
 def lifecycle_table(table: tuple[StageSpec, ...] = STAGES) -> str:

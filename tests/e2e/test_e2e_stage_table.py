@@ -62,6 +62,7 @@ def _run(tmp_path: Path, only: str = "", skip: str = "", fail: str = "", missing
 def test_every_stage_has_one_row_a_known_group_a_claim_and_a_function() -> None:
     names = [s.name for s in t.STAGES]
     assert len(names) == len(set(names)), "stage names are unique"
+    assert not [n for n in names if "," in n], "--only/--skip split names at commas"
     for s in t.STAGES:
         assert s.group in t.GROUPS, s
         assert s.claim.endswith(".") and len(s.claim) > 20, s  # a sentence the README can cite

@@ -175,7 +175,7 @@ def notes_commands(h: Harness) -> str:
     ran = [e for e in ledger if e["result"] == "ran"]
     by = sorted({e["stage"] for e in ledger if "stage" in e})
     not_run = [e for e in ledger if e["result"] == "not run"]
-    return (f"{len(ran)} run as printed; {sum('stage' in e for e in ledger)} run by the stages {', '.join(by)}; "
+    return (f"{len(ran)} run as printed; {sum('stage' in e for e in ledger)} left to the stages {', '.join(by)}; "
             f"{len(not_run)} not run ({'; '.join(e['why'] for e in not_run) or 'none'})")
 
 

@@ -216,6 +216,23 @@ def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES) -> N
     for row in record.stages:  # the setup rows come from the entry point: give them their group and claim
         if row.name in specs and not row.claim:
             row.group, row.claim = specs[row.name].group, specs[row.name].claim
+    settle_notes(record)
+
+
+def settle_notes(record: Record) -> None:
+    """Each NOTES line left to another stage: 'ran' when that stage passed, else 'not run' with that stage's row."""
+    for entry in record.facts.get("notes_commands", []):
+        stage = entry.get("stage")
+        if not stage:
+            continue
+        row = record.row(stage)
+        if row and row.result == PASS:
+            entry["result"] = f"ran (stage {stage!r} passed)"
+            entry.pop("why", None)
+        else:
+            entry["result"] = "not run"
+            entry["why"] = f"stage {stage!r} " + (f"{row.result}: {row.detail.splitlines()[0][:160]}" if row and
+                                                  row.detail else "did not run")
 
 
 def stop_reason(record: Record, interrupted: bool, error: str = "") -> str:

@@ -227,3 +227,16 @@ def test_the_readme_names_only_stages_that_exist() -> None:
     for readme in (CHART_README, ROOT / "e2e" / "README.md"):
         cited = set(re.findall(r"stages? `([^`]+)`", readme.read_text()))
         assert cited <= names, (readme, cited - names)
+
+
+def test_a_notes_line_left_to_a_stage_that_did_not_pass_is_not_run(tmp_path: Path) -> None:
+    """Before: lines of other tools were 'proved by other stages' whether or not those stages ran."""
+    rec, _ = _run(tmp_path, only="first,day2", skip="rollback")
+    rec.facts["notes_commands"] = [{"command": "helm upgrade e2e <chart> …", "stage": "upgrade"},
+                                   {"command": "helm rollback e2e <revision> …", "stage": "rollback"},
+                                   {"command": "kubectl -n ns delete pod x --ignore-not-found", "result": "ran"}]
+    t.settle_notes(rec)
+    up, back, plain = rec.facts["notes_commands"]
+    assert up["result"] == "ran (stage 'upgrade' passed)"
+    assert back["result"] == "not run" and back["why"] == "stage 'rollback' not run: skipped (--skip)"
+    assert plain["result"] == "ran"

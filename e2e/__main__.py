@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         say("[e2e] interrupted: cleaning up")
         code = 130
     finally:
-        finish(rec, stop_reason(rec, code == 130, error))
+        finish(rec, stop_reason(rec, code == 130, error), reasons=reasons)
         code = _cleanup(rec, harness, stack, args.keep, code)
     return code
 

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         storage = inputs(rec, host, stack)
         harness = Harness(kube, rec, storage, imgs, OUT)
         rec.facts["versions"] = _versions(kube)
+        harness.missing.update(_kuberay_preflight(kube))
         run_stages(harness, rec, reasons, deadline=deadline)
         code = 0 if rec.ok else 1
     except StageError as e:
@@ -139,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         finish(rec, stop_reason(rec, code == 130, error), reasons=reasons)
         code = _cleanup(rec, harness, stack, args.keep, code)
     return code
+
+
+def _kuberay_preflight(kube: Kube) -> dict[str, str]:
+    from e2e.kuberay_stages import preflight
+
+    return preflight(kube)
 
 
 def _versions(kube: Kube) -> dict[str, str]:

@@ -125,6 +125,15 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("kueue: second team", DAY2, "`kueue setup` for a second namespace exits 0 and makes that team its "
               "own ClusterQueue, leaving the first team's as it was.", _f("shared_cluster", "second_team"),
               needs=("kueue setup",), requires=("kueue",), typical_s=5),
+    StageSpec("deletion rules", DAY2, "With rayJob.deletion (KubeRay >= 1.6: workers at once, the cluster after 60 s) "
+              "the RayJob SUCCEEDS, its worker pods go while the head stays, the head goes no sooner than 60 s after "
+              "the job's end, then no RayCluster and no pod is left and the RayJob stays.",
+              _f("kuberay_stages", "deletion_rules"), requires=("KubeRay >= 1.6",), typical_s=240),
+    StageSpec("capacity fallback", DAY2, "With capacity.type=fallback [reservation, flex-start], `kueue setup` "
+              "makes the two flavors in that order; release A is admitted on the reservation flavor, B, with A "
+              "holding its quota, on flex-start, each head pod carrying its flavor's GKE node labels, and "
+              "`gemma3-ray status` names B's flavor.", _f("kuberay_stages", "fallback"), requires=("kueue",),
+              typical_s=120),
 )
 
 

@@ -60,7 +60,30 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
     assert "Nothing to do" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("version", "knows_deadline"), [("v1.7.0", True), ("v1.4.2", False)])
+# Each value newer than KubeRay 1.4, the doctor/`up` refusal it gets on each tested CRD set (None: kept).
+NEWER_VALUES = {
+    "rayJob.deletion": ({"rayJob": {"deletion": {"workersAfterSeconds": 0, "clusterAfterSeconds": 600}}}, "KubeRay 1.6.0"),
+    "historyServer.collector.image": ({"historyServer": {"collector": {"image": "collector:v1"}}}, "KubeRay 1.7.0"),
+    "rayJob.preRunningDeadlineSeconds": ({"rayJob": {"preRunningDeadlineSeconds": 600}}, "KubeRay 1.6.0"),
+    "rayTokenAuth": ({"rayTokenAuth": True}, "KubeRay 1.5.1"),
+}
+
+
+@pytest.mark.parametrize("version", ["v1.7.0", "v1.5.0", "v1.4.2"])
+@pytest.mark.parametrize("key", list(NEWER_VALUES))
+def test_each_newer_value_is_refused_where_the_crd_is_older(version: str, key: str) -> None:
+    """On KubeRay 1.4.2's and 1.5.0's CRDs (the 1.5.0 that `make e2e` runs) each newer value is refused
+    with one sentence naming it, the KubeRay it needs and how to turn it off; 1.7.0 keeps them all."""
+    values, since = NEWER_VALUES[key]
+    kube = doctor.Kube(api_ext=FakeApiExtensions.kuberay(version))
+    check = {c.name: c for c in doctor.check_crds(kube, values)}["rayjobs.ray.io"]
+    assert check.ok is (version == "v1.7.0"), check.detail
+    if not check.ok:
+        assert check.detail.startswith(f"{key} needs {since} or newer") and "upgrade the KubeRay operator or " in check.detail
+        assert "\n" not in check.detail
+
+
+@pytest.mark.parametrize(("version", "knows_deadline"), [("v1.7.0", True), ("v1.5.0", False), ("v1.4.2", False)])
 def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) -> None:
     report = kuberay_crd.rayjob_spec_fields(crd_manifest(version, "rayjobs"))
     assert report.missing_required == []

@@ -174,7 +174,8 @@ def _taken(text: str, live: dict[str, Any], namespace: str) -> TakenByAnotherNam
         f"(each namespace gets its own ClusterQueue) or pass another one than {live['metadata']['name']}.")
 
 
-def setup_from(flags: Flags, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
+def setup_from(flags: Flags, rayjob: dict[str, Any], capacity: str,
+               values: list[dict[str, Any]] | None = None) -> ko.Setup:
     namespace = flags.namespace or "default"
     names.dns_label("namespace", namespace, "--namespace")
     labels = rayjob["metadata"]["labels"]
@@ -184,18 +185,26 @@ def setup_from(flags: Flags, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
         names.dns_label("queue", value, flag)
     if flags.jobs < 1:
         raise UserError("--jobs must be at least 1 (how many such jobs the queue admits at once).")
+    fallback: tuple[str, ...] = ()
+    reservation = _last(values or [], "capacity", "reservation") or ""
+    if capacity == "fallback":
+        # What the chart accepted for these values (its schema: each kind once, of FALLBACK_KINDS).
+        listed = next((v["capacity"]["fallback"] for v in reversed(values or [])
+                       if isinstance(v.get("capacity"), dict) and "fallback" in v["capacity"]), None)
+        fallback = tuple(listed) if listed else ko.FALLBACK_KINDS
     return ko.Setup(namespace=namespace, queue=queue, cluster_queue=cluster_queue,
                     sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=flags.jobs,
                     priority=labels.get(ko.PRIORITY_LABEL, ""),
-                    priority_value=flags.priority_value)
+                    priority_value=flags.priority_value,
+                    fallback=fallback, reservation=reservation)
 
 
 def _last(values: list[dict[str, Any]], section: str, key: str) -> Any:
     return next((v[section][key] for v in reversed(values) if isinstance(v.get(section), dict) and v[section].get(key)), None)
 
 
-def rendered_job(flags: Flags) -> tuple[dict[str, Any], str]:
-    """The RayJob the chart renders from these values (with this queue), and its capacity.type."""
+def rendered_job(flags: Flags) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    """The RayJob the chart renders from these values (with this queue), its capacity.type and the values."""
     from gemma3_ray.config import render
     from gemma3_ray.kube import helm_release
 
@@ -209,17 +218,27 @@ def rendered_job(flags: Flags) -> tuple[dict[str, Any], str]:
     jobs = [d for d in docs if d.get("kind") == "RayJob"]
     if len(jobs) != 1:
         raise UserError(f"The chart rendered {len(jobs)} RayJobs from these values, expected one.")
-    return jobs[0], capacity
+    return jobs[0], capacity, values
 
 
 def run(flags: Flags, kube: Kube, out: Out) -> int:
-    rayjob, capacity = rendered_job(flags)
-    setup = setup_from(flags, rayjob, capacity)
+    rayjob, capacity, values = rendered_job(flags)
+    setup = setup_from(flags, rayjob, capacity, values)
     wanted = ko.objects(setup)
     out(f"Kueue objects for queue {setup.namespace}/{setup.queue} (ClusterQueue {setup.cluster_queue}), for "
         f"{setup.jobs} job(s) at once; one job asks for:")
     for s in setup.sets:
         out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
+    if setup.fallback:
+        out(f"  capacity that falls back: Kueue tries {', '.join(setup.fallback_flavor(k) for k in setup.fallback)} in "
+            "that order and admits the job on the first with quota left, putting that flavor's node labels on "
+            f"{'the GPU pods' if setup.gpu_sets else 'its pods'}.")
+    if setup.queued:
+        r = ko.RETRY_STRATEGY
+        out(f"  queued provisioning: the ProvisioningRequestConfig merges pod sets with the same scheduling "
+            f"requirements (podSetMergePolicy {ko.POD_SET_MERGE_POLICY}: GKE's ProvisioningRequest takes one pod "
+            f"set) and retries a request GKE cannot fill {r['backoffLimitCount']} times, "
+            f"{r['backoffBaseSeconds']} s apart and doubling, at most {r['backoffMaxSeconds']} s (retryStrategy).")
     api, reason = _api(kube, flags.apply)
     p = plan(api, wanted, setup.namespace)
     for line in p.lines():

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gemma3_ray.cli import kueue_command
 from gemma3_ray.config import render
 from gemma3_ray.kueue import check as kueue_check
-from gemma3_ray.kueue import setup as kueue_setup
 from kubernetes import client, config
 
 from tests.plugin.kube_apiserver import kubectl
@@ -122,7 +122,7 @@ def test_doctor_passes_for_the_queue_kueue_setup_made_and_says_what_is_missing(k
     assert missing["Kueue CRDs"].ok and not missing["Kueue LocalQueue"].ok
     assert f"{ns}/team-a does not exist" in missing["Kueue LocalQueue"].detail
 
-    assert kueue_setup.run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="team-a"), lambda _: None) == 0
+    assert kueue_command.cmd_setup(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="team-a"), None, lambda _: None) == 0
     kubectl(kueue_crds, "apply", "-f", "-", stdin=json.dumps({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": "batch-high"},
         "value": 1000}))

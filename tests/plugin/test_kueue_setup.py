@@ -53,7 +53,7 @@ def _ns(kubeconfig: Path, name: str) -> str:
 
 def _run(args: argparse.Namespace) -> list[str]:
     lines: list[str] = []
-    assert kueue_setup.run(args, lines.append) == 0
+    assert kueue_command.cmd_setup(args, None, lines.append) == 0
     return lines
 
 
@@ -201,7 +201,7 @@ def test_an_object_it_did_not_create_is_never_touched(kueue_crds: Path) -> None:
         "spec": {"namespaceSelector": {}, "resourceGroups": []}}))
     before = _get(kueue_crds, "ClusterQueue", "theirs-cq")
     with pytest.raises(kueue_setup.ForeignObject, match="was not created by `gemma3-ray kueue setup`"):
-        kueue_setup.run(_args(kueue_crds, ns, H200, apply=True, name="theirs"), lambda _: None)
+        kueue_command.cmd_setup(_args(kueue_crds, ns, H200, apply=True, name="theirs"), None, lambda _: None)
     assert _get(kueue_crds, "ClusterQueue", "theirs-cq") == before
     assert _get(kueue_crds, "ResourceFlavor", "theirs-cq-gpu") is None  # refused before anything was applied
     assert _get(kueue_crds, "LocalQueue", "theirs", ns) is None
@@ -212,7 +212,7 @@ def test_the_plan_works_without_a_cluster_and_apply_says_why_not() -> None:
     assert "  + create LocalQueue ml/offline  [not checked]" in lines, lines
     assert any(line.startswith("  ? which of these exist: not checked (no cluster connection") for line in lines), lines
     with pytest.raises(UserError, match="No usable kube context"):
-        kueue_setup.run(_args(None, "ml", H200, apply=True, name="offline"), lambda _: None)
+        kueue_command.cmd_setup(_args(None, "ml", H200, apply=True, name="offline"), None, lambda _: None)
 
 
 def test_the_queue_defaults_to_the_values_queue() -> None:
@@ -221,11 +221,11 @@ def test_the_queue_defaults_to_the_values_queue() -> None:
     args = parser.parse_args(["kueue", "setup", "-n", "ml", "-f", str(ROOT / "values" / "shared-cluster.yaml"),
                               "--kubeconfig", "/nonexistent/kubeconfig"])
     lines: list[str] = []
-    assert kueue_setup.run(args, lines.append) == 0
+    assert kueue_command.cmd_setup(args, None, lines.append) == 0
     assert lines[0].startswith("Kueue objects for queue ml/team-vision (ClusterQueue ml-team-vision)"), lines
 
 
 def test_values_the_chart_refuses_with_a_queue_stop_before_any_call() -> None:
     args = _args(None, "ml", ROOT / "charts" / "gemma3-ray" / "ci" / "spot-autoscaling-values.yaml")
     with pytest.raises(UserError, match="kueue.queueName=team needs mode=ephemeral"):
-        kueue_setup.run(args, lambda _: None)
+        kueue_command.cmd_setup(args, None, lambda _: None)

@@ -5,6 +5,7 @@ fake-gcs-server."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -101,6 +102,24 @@ def test_status_on_a_real_api_server_follows_the_rayjob(kube_apiserver: Path, fa
     assert f"RayJob {ns}/gemma3-ray-abcde: deployment New, job PENDING" in out  # no operator: no status yet
     assert "Storage: gs://plain-bucket/gemma3-ray/gemma3-ray/ (the RayJob's --storage_path)" in out
     assert "Newest run: r1-20261201T100000Z, in progress" in out and "checkpoint_000003" in out
+
+
+def test_following_a_rayjob_ends_with_its_final_state_on_a_real_api_server(kube_apiserver: Path) -> None:
+    """`up`'s last step (kube.cluster.follow, through the one connection of config.clients.Kube) on the real
+    API server: the state KubeRay writes (set here through the status subresource: no operator runs) ends
+    the wait, and each state it saw is said once."""
+    from gemma3_ray.config.clients import Kube
+    from gemma3_ray.kube import cluster
+
+    ns = "follow-team"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=_rayjob(ns, "gemma3-ray-r1"))
+    kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", "gemma3-ray-r1", "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed", "message": "the driver exited 1"}}))
+    lines: list[str] = []
+    state = cluster.follow(Kube(kubeconfig=str(kube_apiserver)).get_custom(), ns, "gemma3-ray", lines.append)
+    assert (state.name, state.job_status, state.deployment_status) == ("gemma3-ray-r1", "FAILED", "Failed")
+    assert len(lines) == 1 and re.fullmatch(r"RayJob gemma3-ray-r1: Failed / FAILED the driver exited 1 \[\d+ s\]", lines[0])
 
 
 def test_status_says_what_to_wait_for_while_a_replaced_rayjob_is_deleted(

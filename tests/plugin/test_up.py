@@ -67,6 +67,11 @@ def test_up_installs_the_release_with_its_own_identity(
     values_file = tmp_path / "v.yaml"  # from an earlier `up` for an L4 on a reservation, plus a key of ours
     values_file.write_text("training:\n  recipe: tutorial\n  learning_rate: 0.0002\n"
                            "capacity:\n  type: reservation\n  reservation: l4-res\n")
+    from gemma3_ray.config import clients as seam
+
+    connections: list[tuple[str | None, str | None]] = []
+    real_connect = seam.connect
+    monkeypatch.setattr(seam, "connect", lambda *where: connections.append(where) or real_connect(*where))
     rc = cli.main(["up", "--apply", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
                    "--values-file", str(values_file)], _clients(gcs_iam_emulator, fake_iam, fake_usage))
     captured = capsys.readouterr()
@@ -74,6 +79,7 @@ def test_up_installs_the_release_with_its_own_identity(
     order = [line.split(" ")[0] for line in captured.out.splitlines() if line.split(" ")[0] in
              {"Chart", "Values:", "Prerequisites", "Release"}]
     assert order == ["Chart", "Values:", "Prerequisites", "Release"], captured.out
+    assert connections == [(str(kube_apiserver), None)]  # one Kubernetes connection for the whole command (#35)
     gsa = f"{names.release_gsa_id(ns, 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
     assert gsa in fake_iam.accounts
     written = yaml.safe_load(values_file.read_text())

@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SelectionError, StageError) as e:
         say(f"[e2e] {e}")
         return 2
+    # `gemma3-ray` as the stages run it is this checkout's plugin (the venv's editable install may be another's)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")]))
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)

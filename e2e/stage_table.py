@@ -35,7 +35,7 @@ class StageSpec:
     fn: Callable[[Any], str] | None  # None: run by e2e/__main__.py before the others (the setup group)
     needs: tuple[str, ...] = ()  # stages that must have passed in this run
     requires: tuple[str, ...] = ()  # what the cluster must offer (Harness.missing names what it lacks)
-    typical_s: int = 0  # measured here (2 cores): a stage is left out when less time than this is left
+    typical_s: int = 0  # measured here (2 cores, loaded): a stage is left out when less time than this is left
 
 
 def _f(module: str, name: str) -> Callable[[Any], str]:
@@ -60,7 +60,7 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("install", FIRST, "`helm install` with values/e2e.yaml creates the release's RayJob `<r>-r1` and "
               "its run.", _f("first_run", "install"), typical_s=10),
     StageSpec("RayJob SUCCEEDED", FIRST, "The RayJob reaches SUCCEEDED through the real KubeRay operator.",
-              _f("first_run", "succeeded"), needs=("install",), typical_s=120),
+              _f("first_run", "succeeded"), needs=("install",), typical_s=240),
     StageSpec("helm test", FIRST, "`helm test` as NOTES print it passes against the job's live head.",
               _f("first_run", "helm_test"), needs=("install",), typical_s=20),
     StageSpec("NOTES commands", FIRST, "Every command NOTES print ran as printed and showed what it promises "
@@ -74,24 +74,24 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("outputs in the bucket", FIRST, "The run's adapter, metrics.jsonl, summary.json (all planned steps) "
               "and report.html are in the bucket.", _f("first_run", "check_outputs"), needs=FIRST_RUN, typical_s=2),
     StageSpec("gemma3-ray status/logs", FIRST, "`gemma3-ray status` shows the RayJob SUCCEEDED and `gemma3-ray "
-              "logs` the run's name.", _f("first_run", "plugin_shows"), needs=FIRST_RUN, typical_s=10),
+              "logs` the run's name.", _f("first_run", "plugin_shows"), needs=FIRST_RUN, typical_s=20),
     # ------------------------------------------------------------------------------------------ ct
     StageSpec("ct lint", CT, "`ct lint` passes with ct.yaml and every ci/ values file.",
-              _f("chart_testing", "ct_lint"), typical_s=30),
+              _f("chart_testing", "ct_lint"), typical_s=20),
     StageSpec("ct install", CT, "`ct install` installs the chart with the ci/ values a CPU node runs, `helm test` "
-              "passes, and it uninstalls.", _f("chart_testing", "ct_install"), typical_s=90),
+              "passes, and it uninstalls.", _f("chart_testing", "ct_install"), typical_s=100),
     # ------------------------------------------------------------------------------------------ day2
     StageSpec("upgrade", DAY2, "NOTES' `helm upgrade … --reuse-values --set training.learning_rate=…` makes RayJob "
               "`<r>-r2`, a new run with the new rate; `<r>-r1`, its RayCluster and pods are gone.",
-              _f("day_two", "upgrade"), needs=FIRST_RUN, typical_s=120),
+              _f("day_two", "upgrade"), needs=FIRST_RUN, typical_s=460),
     StageSpec("rollback", DAY2, "NOTES' `helm rollback <r> <revision>` to revision 1 re-applies RayJob `<r>-r1`, "
               "which resumes the first run (finished: nothing trained again).", _f("day_two", "rollback"),
-              needs=(*FIRST_RUN, "upgrade"), typical_s=40),
+              needs=(*FIRST_RUN, "upgrade"), typical_s=120),
     StageSpec("upgrade + rollback at once", DAY2, "A `helm upgrade` while the job runs, rolled back at once: the "
               "rollback works, or Helm refuses it while the previous RayJob is being deleted, `gemma3-ray status` "
               "says to wait until it is gone, and after that wait the rollback works; the rolled-back RayJob "
               "resumes its run from a checkpoint and SUCCEEDS.", _f("day_two", "quick_rollback"),
-              needs=("install",), typical_s=300),
+              needs=("install",), typical_s=830),
     StageSpec("uninstall", DAY2, "NOTES' `helm uninstall` leaves nothing of the release (RayJob, RayCluster, pods, "
               "Services, ConfigMaps, Secret, ServiceAccount) within 120 s.", _f("day_two", "uninstall"),
               needs=("install",), typical_s=40),

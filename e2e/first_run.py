@@ -12,8 +12,9 @@ from typing import Any
 
 from e2e.harness import Harness, Run
 from e2e.kube import StageError
+from e2e.session import run_name
 
-NAMESPACE = "g3r-e2e"
+NAMESPACE = run_name("g3r-e2e")  # unique per run (e2e/session.py)
 RELEASE = "e2e"
 
 

@@ -26,7 +26,7 @@ from e2e.session import Busy, Session, take_lock
 from e2e.stages import Record
 from e2e.storage import Storage
 
-OUT = ROOT / "e2e-output"
+OUT = Path(os.environ.get("E2E_OUTPUT") or ROOT / "e2e-output")  # summary.json, logs
 CLUSTER_SH = ROOT / "e2e" / "cluster.sh"
 IMAGE_SH = ROOT / "e2e" / "image.sh"
 STORAGE_NAMESPACE = "g3r-e2e-storage"  # + the run id
@@ -266,7 +266,7 @@ def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stac
     for p in problems:
         say(f"[e2e] cleanup: {p}")
     say("\n" + rec.table())
-    say(f"[e2e] {rec.write().relative_to(ROOT)} (log: e2e-output/e2e.log)")
+    say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
     return 1 if (code == 0 and problems) else code
 
 

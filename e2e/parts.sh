@@ -4,6 +4,7 @@
 #   e2e/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct, registry (default: all)
 #   e2e/parts.sh path PART         # the folder holding PART's binaries (built or not)
 #   e2e/parts.sh check             # exit 0 when every part is built
+#   e2e/parts.sh go-check [PART]   # the installed Go is new enough for each part's go.mod (one sentence if not)
 set -euo pipefail
 
 # One place for the versions (the issue pins KubeRay v1.5.0 and Kueue v0.17.0). Kubernetes stays on
@@ -180,6 +181,8 @@ cmd=${1:-build}; shift || true
 case $cmd in
   build) [ $# -gt 0 ] || set -- "${PARTS[@]}"; build "$@" ;;
   path) echo "$(part_dir "$1")/bin" ;;
+  goflags) echo "$GOFLAGS" ;;   # what the builds run with: the machine's GOFLAGS plus -mod=mod
+  go-check) for p in "${@:-${PARTS[@]}}"; do go_ok "$p" || exit 1; done; echo "[parts] $(go env GOVERSION) builds every part" ;;
   check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/parts.sh build $p)"; exit 1; }; done ;;
-  *) echo "usage: $0 build [PART...] | path PART | check" >&2; exit 2 ;;
+  *) echo "usage: $0 build [PART...] | path PART | check | go-check [PART...] | goflags" >&2; exit 2 ;;
 esac

@@ -23,6 +23,8 @@ from e2e.harness import BUCKET, DATA_URI, MODEL_URI, ROOT, Harness, Images, run_
 from e2e.kube import Kube, StageError
 from e2e.preflight import preflight
 from e2e.session import Busy, Session, take_lock
+from e2e.stage_table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
+from e2e.stage_table import run as run_stages
 from e2e.stages import Record
 from e2e.storage import Storage
 
@@ -40,10 +42,10 @@ def say(msg: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="make e2e", description=__doc__.splitlines()[0])
     p.add_argument("--keep", action="store_true", help="leave the local cluster and the releases running")
-    p.add_argument("--only", default="first,ct", help="comma-separated stage groups: first, ct, day2 (default: "
-                   "first,ct; day2 — upgrade, rollback, uninstall, lost worker/head, elastic, Kueue, restricted pods — "
-                   "needs first)")
-    p.add_argument("--skip", default="", help="day2 stages to leave out while developing: upgrade,rollback,uninstall")
+    p.add_argument("--only", default=DEFAULT_ONLY, help="comma-separated groups or stages to run: first, ct, day2 "
+                   "(default: first,ct; day2 needs first); `python -m e2e.stage_table` lists every stage")
+    p.add_argument("--skip", default="", help="comma-separated stages or groups to leave out (each gets a row "
+                   "'not run: skipped'; the stages that need one are 'not run: precondition unmet')")
     return p.parse_args(argv)
 
 
@@ -82,6 +84,7 @@ def any_cluster_config() -> tuple[list[Path], Images, str]:
 def start_cluster(rec: Record, stack: list) -> tuple[Path, bool]:
     """The kubeconfig and whether the cluster is ours (local)."""
     if os.environ.get("KUBECONFIG"):
+        rec.not_run("cluster start", "KUBECONFIG is set: its cluster is used")
         return Path(os.environ["KUBECONFIG"]), False
     if os.geteuid() != 0 or sys.platform != "linux":
         raise StageError("the local cluster needs root on Linux (containerd, the kubelet, iptables); "
@@ -131,6 +134,9 @@ def check_cluster(rec: Record, h: Harness, session: Session) -> None:
         rec.facts["cluster"] = facts.as_dict()
         if facts.kuberay_problem:
             raise StageError(facts.kuberay_problem)
+        # the stage table's preconditions (`requires`): a stage needing what is missing is "not run" with why
+        h.missing.update({k: v for k, v in (("kueue", facts.kueue_problem),
+                                            ("cordonable node", facts.worker_problem)) if v})
         for gap in (facts.kueue_problem, facts.worker_problem):
             if gap:
                 say(f"[e2e] preflight: {gap}")
@@ -163,9 +169,11 @@ def inputs(rec: Record, h: Harness, session: Session, image: str, pull_policy: s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    groups = set(filter(None, args.only.split(",")))
-    if not groups <= {"first", "ct", "day2"} or ("day2" in groups and "first" not in groups):
-        say(f"[e2e] --only={args.only}: name stage groups among first, ct, day2 (day2 needs first)")
+    try:
+        reasons = select(args.only, args.skip)
+        deadline = deadline_from_env(os.environ.get("E2E_DEADLINE"))
+    except (SelectionError, StageError) as e:
+        say(f"[e2e] {e}")
         return 2
     try:  # before anything is written: a second run must not touch the first's log, storage or names
         lock = take_lock()
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     harness: Harness | None = None
     session: Session | None = None
     code = 1
+    error = ""
     try:
         extra: list[Path] = []
         if os.environ.get("KUBECONFIG"):
@@ -190,36 +199,39 @@ def main(argv: list[str] | None = None) -> int:
             imgs, storage_image = local_images(rec, kube)
             extra = [Path(f).resolve() for f in os.environ.get("E2E_VALUES", "").split(",") if f.strip()]
         else:
-            rec.skip("images", "KUBECONFIG: the cluster pulls the images E2E_VALUES / E2E_*_IMAGE name")
+            rec.not_run("images", "KUBECONFIG is set: the cluster pulls the images E2E_VALUES / E2E_*_IMAGE name")
         session = Session(kube)
         rec.facts["run_id"] = session.run_id
         harness = Harness(kube, rec, None, imgs, OUT, extra_values=extra, session=session)
         check_cluster(rec, harness, session)
         harness.storage = inputs(rec, harness, session, storage_image, imgs.pull_policy or "IfNotPresent", stack)
-        if "first" in groups:
-            from e2e.first_run import first_release
-
-            first_release(harness)
-        if "ct" in groups:
-            from e2e.chart_testing import chart_testing
-
-            chart_testing(harness)
-        if "day2" in groups:
-            from e2e.day_two import day_two
-
-            day_two(harness, set(filter(None, args.skip.split(","))))
+        rec.facts["versions"] = _versions(kube)
+        run_stages(harness, rec, reasons, deadline=deadline)
         code = 0 if rec.ok else 1
     except StageError as e:
+        error = str(e)
         say(f"[e2e] FAILED: {e}")
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", 2)
         say(f"[e2e] interrupted ({proc.signal.Signals(signum).name}): cleaning up; it runs to its end")
         code = 128 + signum
     finally:
+        finish(rec, stop_reason(rec, code in (129, 130, 143), error))
         with proc.shielded(say):
             code = _cleanup(rec, harness, session, stack, args.keep, code)
         lock.close()
     return code
+
+
+def _versions(kube: Kube) -> dict[str, str]:
+    from e2e.chart_testing import ct_binary
+    from e2e.versions import part_versions
+
+    try:
+        ct = ct_binary()
+    except Exception:  # noqa: BLE001 - ct not built: its version is unknown, the run goes on
+        ct = None
+    return part_versions(kube, ct)
 
 
 def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool,

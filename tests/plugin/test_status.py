@@ -101,3 +101,29 @@ def test_status_on_a_real_api_server_follows_the_rayjob(kube_apiserver: Path, fa
     assert f"RayJob {ns}/gemma3-ray-abcde: deployment New, job PENDING" in out  # no operator: no status yet
     assert "Storage: gs://plain-bucket/gemma3-ray/gemma3-ray/ (the RayJob's --storage_path)" in out
     assert "Newest run: r1-20261201T100000Z, in progress" in out and "checkpoint_000003" in out
+
+
+def test_status_says_what_to_wait_for_while_a_replaced_rayjob_is_deleted(
+        kube_apiserver: Path, fake_gcs_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #31 (7): right after an upgrade the previous revision's RayJob is being deleted (KubeRay's finalizer:
+    it stops the Ray job first) and Helm refuses to roll back to it; status names it and the wait, as NOTES and the
+    chart README do."""
+    ns = "status-rollback"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    old = json.loads(_rayjob(ns, "gemma3-ray-r1"))
+    old["metadata"]["finalizers"] = ["ray.io/rayjob-finalizer"]  # held, as KubeRay holds it while it stops the job
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=json.dumps(old))
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=_rayjob(ns, "gemma3-ray-r2"))
+    kubectl(kube_apiserver, "-n", ns, "delete", "rayjob", "gemma3-ray-r1", "--wait=false")
+    try:
+        rc = cli.main(["status", "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig",
+                       str(kube_apiserver)], Clients(project=PROJECT, storage=storage_client(fake_gcs_factory(REGION))))
+        out = capsys.readouterr().out
+        assert rc == 0
+        assert (f"RayJob {ns}/gemma3-ray-r1 is being deleted (KubeRay stops its Ray job first): to roll back to its "
+                f"revision, wait until it is gone: kubectl -n {ns} wait rayjob/gemma3-ray-r1 "
+                "--for=delete --timeout=300s") in out
+        assert "gemma3-ray-r2 is being deleted" not in out
+    finally:
+        kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", "gemma3-ray-r1", "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}')

@@ -112,6 +112,18 @@ def storage_of(rayjob: dict[str, Any]) -> tuple[str, str] | None:
     return (m["bucket"], m["prefix"].strip("/")) if m else None
 
 
+def deleting_lines(custom: Any, namespace: str, release: str) -> list[str]:
+    """The release's RayJobs being deleted (an upgrade just replaced one: KubeRay stops its Ray job first). Helm
+    refuses to roll back to such a revision ("original object RayJob ... not found") until it is gone."""
+    items = custom.list_namespaced_custom_object(cluster.RAY_GROUP, cluster.RAY_VERSION, namespace,
+                                                 cluster.RAYJOB_PLURAL,
+                                                 label_selector=f"{cluster.INSTANCE_LABEL}={release}").get("items", [])
+    return [f"RayJob {namespace}/{o['metadata']['name']} is being deleted (KubeRay stops its Ray job first): to roll "
+            f"back to its revision, wait until it is gone: kubectl -n {namespace} wait "
+            f"rayjob/{o['metadata']['name']} --for=delete --timeout=300s"
+            for o in sorted(items, key=lambda o: o["metadata"]["name"]) if o["metadata"].get("deletionTimestamp")]
+
+
 def lines(args: argparse.Namespace, dep: Deployment, clients: Clients) -> list[str]:
     out: list[str] = []
     state: list[cluster.RayJobState] = []
@@ -125,6 +137,7 @@ def lines(args: argparse.Namespace, dep: Deployment, clients: Clients) -> list[s
         found = [f"RayJob {dep.namespace}/{s.name}: deployment {s.deployment_status}, job {s.job_status}"
                  + (f" ({s.message})" if s.message else "")]
         found += kueue_check.status_lines(k8s.CustomObjectsApi(), obj)
+        found += deleting_lines(k8s.CustomObjectsApi(), dep.namespace, dep.release)
         live = storage_of(obj)
         given = {"bucket", "prefix"} & set(dep.sources.flags)
         if live and not given and live != (dep.bucket, dep.prefix):

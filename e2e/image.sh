@@ -9,6 +9,8 @@
 #                                            # values naming head and workers by digest, prints E2E_STORAGE_IMAGE=...
 #   e2e/image.sh name [base|trainer|storage] # the reference of an import (default trainer; imagePullPolicy Never)
 #   e2e/image.sh path [base|trainer|storage] # the image's docker-archive in the cache (built or not)
+#   e2e/image.sh check                       # exit 0 when every image is in the cache
+# The cache keeps the archives of the last two keys of each image (older ones are removed by build).
 # base: Ray only, like rayproject/ray (the head, the submitter); trainer: the Dockerfile on it (workers);
 # storage: fake-gcs-server, the stand-in for Cloud Storage that make e2e runs in the cluster.
 set -euo pipefail
@@ -217,6 +219,16 @@ stop_group() {
 }
 
 size_of() { bah images --format '{{.Size}}' "$1" | head -1; }
+
+# prune IMAGE: keep the archives of the last two keys of IMAGE (this one and the one before); older go
+prune() {
+  local keep f n=0; keep=$(archive "$1")
+  for f in $(ls -1t "$CACHE/gemma3-ray-$( [[ $1 == storage ]] && echo fake-gcs || echo "$1")-"*.tar 2>/dev/null); do
+    [[ $f == "$keep" ]] && continue
+    n=$((n + 1)); ((n <= 1)) && continue
+    say "cache: removing $f (older than the last two keys)"; rm -f "$f" "$f.id"
+  done
+}
 cached() { [[ -s $1 && -s $1.id ]]; }
 
 # export REF OUT: REF from buildah storage to the docker-archive OUT, with its image id in OUT.id.
@@ -234,6 +246,7 @@ build_base() {
   local ref out; ref=$(ref base); out=$(archive base)
   if cached "$out"; then
     say "base $ref: cached ($out)"
+    touch "$out"; prune base
     return
   fi
   if ! bah inspect --type image "$ref" >/dev/null 2>&1; then
@@ -249,12 +262,14 @@ build_base() {
   fi
   say "base $ref: $(size_of "$ref") in buildah storage"
   export_archive "$ref" "$out"
+  prune base
 }
 
 build_trainer() {
   local ref out base; ref=$(ref trainer); out=$(archive trainer); base=$(ref base)
   if cached "$out"; then
     say "trainer $ref: cached ($out)"
+    touch "$out"; prune trainer
     return
   fi
   # The base from its archive when buildah's storage lost it (same image id: the key still holds).
@@ -276,12 +291,13 @@ build_trainer() {
   export_archive "$ref" "$out"
   # The archive is the cache now; the copy in buildah storage would only double the disk.
   bah rmi "$ref" >/dev/null
+  prune trainer
 }
 
 build_storage() {
   local ref out
   ref=$(ref storage); out=$(archive storage)
-  if cached "$out"; then say "storage $ref: cached ($out)"; return; fi
+  if cached "$out"; then say "storage $ref: cached ($out)"; touch "$out"; prune storage; return; fi
   TMP=$(mktemp -d "$CACHE/tmp.XXXXXX")
   mkdir -p "$TMP/root/bin" "$TMP/root/etc" "$TMP/root/data" "$TMP/root/tmp"; chmod 1777 "$TMP/root/tmp"
   cp "$(fake_gcs_binary)" "$TMP/root/bin/fake-gcs-server"
@@ -294,6 +310,7 @@ build_storage() {
     | python3 -c 'import json, sys; print("sha256:" + json.load(sys.stdin)[0]["Config"].split(".")[0])' >"$TMP/image.tar.id"
   mv "$TMP/image.tar" "$out"; mv "$TMP/image.tar.id" "$out.id"; rm -rf "$TMP"; TMP=""
   say "storage $ref: $out ($(du -k "$out" | cut -f1) KiB), image id $(cat "$out.id")"
+  prune storage
 }
 
 # ---------------------------------------------------------------- registry
@@ -402,6 +419,7 @@ case ${1:-} in
     import_images "${2:-}"
     ;;
   name) r=$(ref "${2:-trainer}") && echo "${r#docker.io/}" ;;
+  check) for i in storage base trainer; do cached "$(archive "$i")" || { echo "the $i image is not built (e2e/image.sh build)"; exit 1; }; done ;;
   path) archive "${2:-trainer}" ;;
-  *) die "usage: e2e/image.sh build | import SOCKET|DIR | push HOST:PORT VALUES | name [base|trainer|storage] | path [base|trainer|storage]" ;;
+  *) die "usage: e2e/image.sh build | import SOCKET|DIR | push HOST:PORT VALUES | name [base|trainer|storage] | path [base|trainer|storage] | check" ;;
 esac

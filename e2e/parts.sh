@@ -183,6 +183,7 @@ case $cmd in
   path) echo "$(part_dir "$1")/bin" ;;
   goflags) echo "$GOFLAGS" ;;   # what the builds run with: the machine's GOFLAGS plus -mod=mod
   go-check) for p in "${@:-${PARTS[@]}}"; do go_ok "$p" || exit 1; done; echo "[parts] $(go env GOVERSION) builds every part" ;;
+  check-part) [ -f "$(part_dir "${1:?check-part PART}")/bin/.built" ] || { echo "$1 is not built (e2e/parts.sh build $1)"; exit 1; } ;;
   check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/parts.sh build $p)"; exit 1; }; done ;;
-  *) echo "usage: $0 build [PART...] | path PART | check | go-check [PART...] | goflags" >&2; exit 2 ;;
+  *) echo "usage: $0 build [PART...] | path PART | check | check-part PART | go-check [PART...] | goflags" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -256,3 +257,34 @@ def test_a_signal_to_make_e2e_reaches_the_script_which_finishes_its_clean_up(tmp
     pid = int((tmp_path / "out.pid").read_text())
     assert not Path(f"/proc/{pid}").exists(), "the script still runs"
 
+
+
+# ---------------------------------------------------------------- caches keep the last two keys
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("buildah") or not shutil.which("mmdebstrap"),
+                    reason="e2e/image.sh build runs as root with buildah and mmdebstrap")
+def test_the_image_cache_keeps_the_last_two_keys_of_each_image(tmp_path: Path) -> None:
+    env = {**os.environ, "GEMMA3_RAY_CACHE": str(tmp_path)}
+    images = tmp_path / "images"
+    images.mkdir()
+
+    def sh(*args: str) -> str:
+        out = subprocess.run([str(ROOT / "e2e" / "image.sh"), *args], capture_output=True, text=True, env=env,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    current = {i: Path(sh("path", i)) for i in ("storage", "base", "trainer")}
+    for n, key in enumerate(["0000000000000001", "0000000000000002", "0000000000000003"]):
+        for stem in ("gemma3-ray-fake-gcs", "gemma3-ray-base", "gemma3-ray-trainer"):
+            old = images / f"{stem}-{key}.tar"
+            old.write_text("old")
+            (images / f"{stem}-{key}.tar.id").write_text("sha256:old")
+            os.utime(old, (1_000_000 + n, 1_000_000 + n))  # key 3 the newest of the old ones
+    for path in current.values():  # this build's archives, "built" (the build finds them cached)
+        path.write_text("archive")
+        Path(f"{path}.id").write_text("sha256:x")
+    sh("build")
+    left = sorted(p.name for p in images.glob("*.tar"))
+    want = sorted([p.name for p in current.values()] + [f"{s}-0000000000000003.tar" for s in
+                                                       ("gemma3-ray-fake-gcs", "gemma3-ray-base", "gemma3-ray-trainer")])
+    assert left == want

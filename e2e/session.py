@@ -173,6 +173,8 @@ class Session:
         """Everything of this run still on the cluster, as kind/name (empty: nothing)."""
         out = [f"namespace/{n}" for n in sorted(self._names("namespaces", f"{RUN_LABEL}={self.run_id}"))]
         for kind in (*KUEUE_KINDS, "priorityclasses"):
+            if kind not in self.before:  # no snapshot (the run stopped before its preflight): it made none
+                continue
             now = self._names(kind, KUEUE_OWNER if kind != "priorityclasses" else "")
             out += [f"{kind.split('.')[0]}/{n}" for n in sorted(now - self.before.get(kind, set()))]
         return out

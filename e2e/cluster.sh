@@ -6,6 +6,7 @@
 #                               KubeRay operator and Kueue; last line: KUBECONFIG=DIR/kubeconfig
 #   e2e/cluster.sh stop DIR     stop all by PID file, put back what the start changed on the host
 #   e2e/cluster.sh status DIR   each part, the containerd socket (DIR/containerd.sock), the node
+#   e2e/cluster.sh leftovers DIR  remove what a cluster killed hard (or a reboot) left, naming it (start does this too)
 #
 # Parts come from e2e/parts.sh (built once, cached by version). DIR holds certificates, configs, logs
 # (DIR/logs/PART.log) and PID files (DIR/run/PART.pid); every start begins a fresh cluster (new etcd,
@@ -13,8 +14,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; DIR=${2:-}
-[ -n "$cmd" ] && [ -n "$DIR" ] || { echo "usage: $0 start|stop|status DIR" >&2; exit 2; }
-case $cmd in start|stop|status) ;; *) echo "usage: $0 start|stop|status DIR" >&2; exit 2 ;; esac
+[ -n "$cmd" ] && [ -n "$DIR" ] || { echo "usage: $0 start|stop|status|leftovers DIR" >&2; exit 2; }
+case $cmd in start|stop|status|leftovers) ;; *) echo "usage: $0 start|stop|status|leftovers DIR" >&2; exit 2 ;; esac
 mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd) && chmod 700 "$DIR" || { echo "cluster: cannot use $DIR as the cluster's folder" >&2; exit 2; }
 
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
@@ -284,4 +285,7 @@ case $cmd in
   stop) trap '' INT TERM HUP   # the clean-up runs to its end
     stop_all && log "stopped; the host is as before the start" ;;
   status) status ;;
+  leftovers) trap '' INT TERM HUP
+    host_is_ours || { echo "cluster: a local cluster is running from $(owner): nothing to remove" >&2; exit 1; }
+    earlier_leftovers ;;
 esac

@@ -288,3 +288,55 @@ def test_the_image_cache_keeps_the_last_two_keys_of_each_image(tmp_path: Path) -
     want = sorted([p.name for p in current.values()] + [f"{s}-0000000000000003.tar" for s in
                                                        ("gemma3-ray-fake-gcs", "gemma3-ray-base", "gemma3-ray-trainer")])
     assert left == want
+
+
+# ---------------------------------------------------------------- leftovers of a hard kill or a reboot
+def _cluster_host_free() -> str:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("openssl"):
+        return "needs root, ip and openssl"
+    if subprocess.run(["ip", "link", "show", "cni0"], capture_output=True).returncode == 0:
+        return "a cni0 bridge exists (a cluster runs)"
+    if subprocess.run(["pgrep", "-x", "kubelet"], capture_output=True).returncode == 0 or Path("/etc/kueue").exists():
+        return "a kubelet runs or /etc/kueue exists on this host"
+    return ""
+
+
+@pytest.mark.skipif(bool(_cluster_host_free()), reason=_cluster_host_free() or "-")
+def test_what_a_killed_cluster_left_is_named_and_removed_and_nothing_else(tmp_path: Path) -> None:
+    import fcntl
+
+    lock = open(Path.home() / ".cache" / "gemma3-ray" / "cluster.lock", "a")  # noqa: SIM115 - held: no cluster starts meanwhile
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pytest.skip("a cluster is starting or stopping on this host")
+    env = {**os.environ, "GEMMA3_RAY_CACHE": str(tmp_path / "cache")}
+    sh = [str(ROOT / "e2e" / "cluster.sh"), "leftovers", str(tmp_path / "dir")]
+    try:
+        # another Kubernetes' bridge (another address) is not ours: left alone
+        subprocess.run(["ip", "link", "add", "cni0", "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", "10.99.0.1/24", "dev", "cni0"], check=True)
+        out = subprocess.run(sh, capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        assert subprocess.run(["ip", "link", "show", "cni0"], capture_output=True).returncode == 0
+        subprocess.run(["ip", "link", "del", "cni0"], check=True)
+        # ours after a reboot or SIGKILL: the bridge on 10.244.0.1/24, /etc/kueue with our CA's certificate
+        subprocess.run(["ip", "link", "add", "cni0", "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", "10.244.0.1/24", "dev", "cni0"], check=True)
+        certs = Path("/etc/kueue/metrics/certs")
+        certs.mkdir(parents=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                        "-days", "1", "-subj", "/CN=gemma3-ray-e2e-ca", "-keyout", str(certs / "tls.key"),
+                        "-out", str(certs / "tls.crt")], check=True, capture_output=True)
+        out = subprocess.run(sh, capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "the bridge cni0 (10.244.0.1/24)" in out.stderr and "/etc/kueue/metrics/certs" in out.stderr, out.stderr
+        assert subprocess.run(["ip", "link", "show", "cni0"], capture_output=True).returncode != 0
+        assert not Path("/etc/kueue").exists()
+    finally:
+        subprocess.run(["ip", "link", "del", "cni0"], capture_output=True)
+        shutil.rmtree("/etc/kueue/metrics/certs", ignore_errors=True)
+        for d in ("/etc/kueue/metrics", "/etc/kueue"):
+            if Path(d).is_dir() and not any(Path(d).iterdir()):
+                Path(d).rmdir()
+        lock.close()

@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     except Busy as e:
         say(f"[e2e] refused: {e}")
         return 2
+    # `gemma3-ray` as the stages run it is this checkout's plugin (the venv's editable install may be another's)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")]))
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"[e2e] interrupted ({proc.signal.Signals(signum).name}): cleaning up; it runs to its end")
         code = 128 + signum
     finally:
-        finish(rec, stop_reason(rec, code in (129, 130, 143), error))
+        finish(rec, stop_reason(rec, code in (129, 130, 143), error), reasons=reasons)
         with proc.shielded(say):
             code = _cleanup(rec, harness, session, stack, args.keep, code)
         lock.close()

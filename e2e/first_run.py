@@ -106,7 +106,8 @@ def _gcloud(h: Harness, argv: list[str]) -> subprocess.CompletedProcess[str]:
     with tempfile.TemporaryDirectory(prefix="gemma3-ray-e2e-gcloud-") as cfg:
         env = {"CLOUDSDK_CONFIG": cfg, "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{h.storage.url}/",
                "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true", "CLOUDSDK_CORE_PROJECT": "gemma3-ray-e2e",
-               "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_STORAGE_USE_GRPC_IF_AVAILABLE": "false"}
+               "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_STORAGE_USE_GRPC_IF_AVAILABLE": "false",
+               "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true", "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false"}
         old = dict(h.kube.env)
         h.kube.env.update(env)
         try:

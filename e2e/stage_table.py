@@ -212,9 +212,11 @@ def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | No
             st.detail = spec.fn(h) or ""
 
 
-def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES) -> None:
-    """A 'not run' row, with `why`, for every stage of the table that has none (after a failure or ^C)."""
-    record.finish([(s.name, s.group, s.claim) for s in table], why)
+def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES, reasons: dict[str, str] | None = None) -> None:
+    """A 'not run' row for every stage of the table that has none (after a failure or ^C): its own reason from
+    --only/--skip when it has one, else `why`."""
+    for s in table:
+        record.not_run(s.name, (reasons or {}).get(s.name) or why, group=s.group, claim=s.claim)
     specs = by_name(table)
     for row in record.stages:  # the setup rows come from the entry point: give them their group and claim
         if row.name in specs and not row.claim:

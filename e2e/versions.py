@@ -91,7 +91,12 @@ def _run(argv: list[str], env: dict[str, str]) -> str:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"unknown ({e})"
-    return proc.stdout.strip() if proc.returncode == 0 else f"unknown ({(proc.stderr or proc.stdout).strip()[-160:]})"
+    return proc.stdout.strip() if proc.returncode == 0 else f"unknown ({_last_line(proc.stderr or proc.stdout)})"
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1][-200:] if lines else "no output"
 
 
 def part_versions(kube: Any, ct: str | None) -> dict[str, str]:
@@ -105,7 +110,7 @@ def part_versions(kube: Any, ct: str | None) -> dict[str, str]:
         out["container runtime"] = ", ".join(sorted({i.get("containerRuntimeVersion", "?") for i in info}))
         out["kube-proxy"] = ", ".join(sorted({i.get("kubeProxyVersion", "?") for i in info if i.get("kubeProxyVersion")}))
     except Exception as e:  # noqa: BLE001 - a summary field, never a failed run
-        out["kubelet"] = f"unknown ({e})"
+        out["kubelet"] = f"unknown ({_last_line(str(e))})"
     version = _run([kube.kubectl, "version", "-o", "json"], env)
     try:
         out["kube-apiserver"] = json.loads(version)["serverVersion"]["gitVersion"]

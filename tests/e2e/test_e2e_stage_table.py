@@ -54,7 +54,7 @@ def _run(tmp_path: Path, only: str = "", skip: str = "", fail: str = "", missing
     with contextlib.suppress(StageError):
         t.run(h, rec, t.select(only, skip, table), deadline=deadline, table=table,
               **({"clock": clock} if clock else {}))
-    t.finish(rec, t.stop_reason(rec, False), table)
+    t.finish(rec, t.stop_reason(rec, False), table, reasons=t.select(only, skip, table))
     return rec, h
 
 
@@ -240,3 +240,10 @@ def test_a_notes_line_left_to_a_stage_that_did_not_pass_is_not_run(tmp_path: Pat
     assert up["result"] == "ran (stage 'upgrade' passed)"
     assert back["result"] == "not run" and back["why"] == "stage 'rollback' not run: skipped (--skip)"
     assert plain["result"] == "ran"
+
+
+def test_after_a_failure_left_out_stages_keep_their_own_reason(tmp_path: Path) -> None:
+    rec, _ = _run(tmp_path, only="first", skip="gemma3-ray status/logs", fail="install")
+    assert rec.row("RayJob SUCCEEDED").detail == "stopped: stage 'install' failed"
+    assert rec.row("gemma3-ray status/logs").detail == "skipped (--skip)"
+    assert rec.row("upgrade").detail.startswith("not selected")

@@ -78,7 +78,11 @@ test: setup  ## the test suite (offline; CPU)
 	$(PY) -m ruff check .
 	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q --durations=10 tests
 
-e2e: tools venv e2e-parts  ## the chart on a real cluster: $$KUBECONFIG, else a local one-node cluster of real parts
+# With KUBECONFIG: only helm (tools) and ct (on PATH, else built from its Go module); no apt, no root,
+# no cluster parts. Without: the local cluster's packages and parts (e2e/README.md).
+e2e: tools venv  ## the chart on a real cluster: $$KUBECONFIG (E2E_VALUES, E2E_STORAGE_IMAGE), else a local one-node cluster of real parts
+	@if [ -n "$$KUBECONFIG" ]; then command -v ct >/dev/null || e2e/parts.sh build ct; \
+	else $(MAKE) --no-print-directory e2e-parts; fi
 	$(PY) -m e2e $(ARGS)
 
 # DEMO_START is read when make starts, so the demo's "make demo total" includes the installs.

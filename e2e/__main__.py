@@ -1,36 +1,42 @@
 """`make e2e`: the chart on a real Kubernetes with the real KubeRay operator and Kueue, stage by stage.
 
-Against $KUBECONFIG when set (any cluster that already runs KubeRay, Kueue, and has the images and a
-storage endpoint: E2E_STORAGE_HOST, E2E_HEAD_IMAGE, E2E_WORKER_IMAGE), else the local one-node cluster
-of e2e/cluster.sh, started here and stopped on every exit path. Ends with a table of stages (time,
-pass/fail) and writes it as JSON to e2e-output/summary.json. Exit 0 only when every stage passed.
+Against $KUBECONFIG when set: any cluster that runs KubeRay (and Kueue for its stages), with the images
+in a registry its nodes pull from, named by E2E_VALUES (chart values files, comma-separated; e2e/image.sh
+push writes one) or E2E_HEAD_IMAGE/E2E_WORKER_IMAGE, and E2E_STORAGE_IMAGE (fake-gcs-server, run in the
+cluster). Else the local one-node cluster of e2e/cluster.sh, started here and stopped on every exit path.
+Ends with a table of stages (time, pass/fail), what is left on the cluster (nothing), and writes it as
+JSON to e2e-output/summary.json. Exit 0 only when every stage passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from pathlib import Path
 
+from e2e import proc
 from e2e.harness import BUCKET, DATA_URI, MODEL_URI, ROOT, Harness, Images, run_script
 from e2e.kube import Kube, StageError
+from e2e.preflight import preflight
+from e2e.session import Busy, Session, take_lock
 from e2e.stage_table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
 from e2e.stage_table import run as run_stages
 from e2e.stages import Record
-from e2e.storage import start_storage
+from e2e.storage import Storage
 
-OUT = ROOT / "e2e-output"
+OUT = Path(os.environ.get("E2E_OUTPUT") or ROOT / "e2e-output")  # summary.json, logs
 CLUSTER_SH = ROOT / "e2e" / "cluster.sh"
 IMAGE_SH = ROOT / "e2e" / "image.sh"
-LOCAL_BRIDGE = "10.244.0.1"  # the local cluster's cni0 address: pods reach the host here
+STORAGE_NAMESPACE = "g3r-e2e-storage"  # + the run id
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    with contextlib.suppress(OSError):  # the terminal went away (SIGHUP): the log and summary.json still say it
+        print(msg, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,20 +49,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def any_cluster_config() -> tuple[list[Path], Images, str]:
+    """With KUBECONFIG: the values files, the images given as references, the storage emulator's image.
+    A gap is one sentence, before anything touches the cluster."""
+    files = [Path(f).expanduser().resolve() for f in os.environ.get("E2E_VALUES", "").split(",") if f.strip()]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise StageError(f"E2E_VALUES names {', '.join(missing)}, which is not a file: give chart values files, "
+                         "comma-separated (e2e/image.sh push writes one)")
+    import yaml
+
+    given: dict = {}
+    for f in files:
+        try:
+            doc = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise StageError(f"E2E_VALUES {f}: not YAML ({str(e).splitlines()[0]})") from e
+        if not isinstance(doc, dict):
+            raise StageError(f"E2E_VALUES {f}: a values file is a mapping, this is {type(doc).__name__}")
+        given.update({g: ((doc.get(g) or {}).get("image") or {}) for g in ("head", "workers") if doc.get(g)})
+    imgs = Images(os.environ.get("E2E_HEAD_IMAGE") or None, os.environ.get("E2E_WORKER_IMAGE") or None)
+    if not imgs.worker and not (given.get("workers") or {}).get("repository"):
+        raise StageError("KUBECONFIG is set but no training image is named: set workers.image (and head.image) in a "
+                         "values file given as E2E_VALUES=extra.yaml (e2e/image.sh push REGISTRY extra.yaml writes "
+                         "one), or E2E_WORKER_IMAGE=registry/repo:tag, an image the cluster's nodes can pull")
+    storage = os.environ.get("E2E_STORAGE_IMAGE", "")
+    if not storage:
+        raise StageError("KUBECONFIG is set but E2E_STORAGE_IMAGE is not: name the fake-gcs-server image the "
+                         "cluster's nodes pull (e2e/image.sh push prints E2E_STORAGE_IMAGE=...); it runs in the "
+                         "cluster as the stand-in for Cloud Storage")
+    return files, imgs, storage
 
 
-def start_cluster(rec: Record, stack: list) -> tuple[Path, str, bool]:
-    """The kubeconfig, the address pods reach this host on, and whether the cluster is ours (local)."""
+def start_cluster(rec: Record, stack: list) -> tuple[Path, bool]:
+    """The kubeconfig and whether the cluster is ours (local)."""
     if os.environ.get("KUBECONFIG"):
-        host = os.environ.get("E2E_STORAGE_HOST")
-        if not host:
-            raise StageError("KUBECONFIG is set but E2E_STORAGE_HOST is not: set it to an address of this machine "
-                             "that the cluster's pods reach (the storage server listens there), or unset KUBECONFIG "
-                             "to use the local cluster")
         rec.not_run("cluster start", "KUBECONFIG is set: its cluster is used")
-        return Path(os.environ["KUBECONFIG"]), host, False
+        return Path(os.environ["KUBECONFIG"]), False
     if os.geteuid() != 0 or sys.platform != "linux":
         raise StageError("the local cluster needs root on Linux (containerd, the kubelet, iptables); "
                          "set KUBECONFIG to run against another cluster")
@@ -66,41 +95,75 @@ def start_cluster(rec: Record, stack: list) -> tuple[Path, str, bool]:
         out = run_script([str(CLUSTER_SH), "start", str(cdir)], OUT / "cluster.log", 600, "cluster start")
         kubeconfig = Path(out.strip().splitlines()[-1].split("=", 1)[1])
         st.detail = f"{cdir}"
-    return kubeconfig, LOCAL_BRIDGE, True
+    return kubeconfig, True
 
 
-def images(rec: Record, local: bool, kube: Kube) -> Images:
-    if not local:
-        head, worker = os.environ.get("E2E_HEAD_IMAGE"), os.environ.get("E2E_WORKER_IMAGE")
-        if not (head and worker):
-            raise StageError("set E2E_HEAD_IMAGE (Ray only) and E2E_WORKER_IMAGE (images/trainer/Dockerfile) "
-                             "to images the cluster's nodes have")
-        rec.not_run("images", "E2E_HEAD_IMAGE and E2E_WORKER_IMAGE name the images")
-        return Images(head, worker)
-    with rec.stage("images", "e2e/image.sh: the base and images/trainer/Dockerfile, no registry") as st:
+def local_images(rec: Record, kube: Kube) -> tuple[Images, str]:
+    """The local cluster: the images built here, imported into its containerd (pulled never); the storage image."""
+    with rec.stage("images", "e2e/image.sh: the base, images/trainer/Dockerfile and fake-gcs-server, imported") as st:
         run_script([str(IMAGE_SH), "build"], OUT / "image.log", 3600, "image build")
         sock = (kube.kubeconfig.parent / "containerd.sock")
         run_script([str(IMAGE_SH), "import", str(sock)], OUT / "image.log", 900, "image import")
-        head = run_script([str(IMAGE_SH), "name", "base"], OUT / "image.log", 60, "image name").strip()
-        worker = run_script([str(IMAGE_SH), "name", "trainer"], OUT / "image.log", 60, "image name").strip()
-        st.detail = f"head {head}, workers {worker}"
-    return Images(head, worker)
+        head, worker, storage = (run_script([str(IMAGE_SH), "name", n], OUT / "image.log", 60, "image name").strip()
+                                 for n in ("base", "trainer", "storage"))
+        st.detail = f"head {head}, workers {worker}, storage {storage}"
+    return Images(head, worker, "Never"), storage
 
 
-def inputs(rec: Record, host: str, stack: list):
-    with rec.stage("storage and inputs", "fake-gcs-server for the pods; the tiny Gemma 3 and sample data") as st:
+def rayjob_spec(kube: Kube, values: list[Path], imgs: Images) -> dict:
+    """The RayJob spec the chart renders with these values (what the cluster's KubeRay must know)."""
+    import yaml
+
+    args = ["template", "preflight", str(ROOT / "charts" / "gemma3-ray")]
+    for v in values:
+        args += ["-f", str(v)]
+    for k, v in imgs.sets().items():
+        args += ["--set-string", f"{k}={v}"]
+    out = kube.h(*args, timeout=120, what="helm template (the RayJob the chart renders)").stdout
+    for doc in yaml.safe_load_all(out):
+        if doc and doc.get("kind") == "RayJob":
+            return doc["spec"]
+    raise StageError("helm template of the chart with the e2e values rendered no RayJob")
+
+
+def check_cluster(rec: Record, h: Harness, session: Session) -> None:
+    with rec.stage("preflight", "the cluster has KubeRay (CRDs, version), Kueue, a worker node; a killed run's "
+                                "leftovers removed") as st:
+        facts = preflight(h.kube, rayjob_spec(h.kube, h.values_files(), h.images))
+        h.cluster = facts
+        rec.facts["cluster"] = facts.as_dict()
+        if facts.kuberay_problem:
+            raise StageError(facts.kuberay_problem)
+        # the stage table's preconditions (`requires`): a stage needing what is missing is "not run" with why
+        h.missing.update({k: v for k, v in (("kueue", facts.kueue_problem),
+                                            ("cordonable node", facts.worker_problem)) if v})
+        for gap in (facts.kueue_problem, facts.worker_problem):
+            if gap:
+                say(f"[e2e] preflight: {gap}")
+        gone = session.leftovers_first()
+        if gone:
+            say(f"[e2e] preflight: {gone}")
+        session.snapshot()
+        st.detail = (f"server {facts.server}; KubeRay {facts.kuberay}; Kueue {facts.kueue or 'absent'}; worker node "
+                     f"{facts.worker_node or 'none'}; run id {session.run_id}" + (f"; {gone}" if gone else ""))
+
+
+def inputs(rec: Record, h: Harness, session: Session, image: str, pull_policy: str, stack: list) -> Storage:
+    with rec.stage("storage and inputs", "fake-gcs-server in the cluster; the tiny Gemma 3 and sample data") as st:
         from demo.sample_data import build_sample_dataset
         from demo.tiny_model import build_tiny_gemma3
 
+        ns = h.namespace(session.name(STORAGE_NAMESPACE))
         root = OUT / "gcs"
         shutil.rmtree(root, ignore_errors=True)
-        storage = start_storage(host, root, OUT / "gcs.log")
+        storage = Storage(h.kube, ns, image, pull_policy, root, OUT / "gcs.log", session.labels)
         stack.append(("storage", storage))
+        storage.start()
         storage.create_bucket(BUCKET)
         model = build_tiny_gemma3()
         data = build_sample_dataset(OUT / "inputs" / "data", n_rows=48, seed=0)
         n = storage.upload_tree(model, MODEL_URI) + storage.upload_tree(data, DATA_URI)
-        st.detail = f"{storage.url}, {n} objects uploaded"
+        st.detail = f"{storage.cluster_url} (an in-cluster Deployment, image {image}), {n} objects uploaded"
     return storage
 
 
@@ -112,22 +175,38 @@ def main(argv: list[str] | None = None) -> int:
     except (SelectionError, StageError) as e:
         say(f"[e2e] {e}")
         return 2
+    try:  # before anything is written: a second run must not touch the first's log, storage or names
+        lock = take_lock()
+    except Busy as e:
+        say(f"[e2e] refused: {e}")
+        return 2
     # `gemma3-ray` as the stages run it is this checkout's plugin (the venv's editable install may be another's)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "plugin"), os.environ.get("PYTHONPATH")]))
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)
-    signal.signal(signal.SIGTERM, _sigterm)
+    proc.install()  # ^C, SIGTERM, SIGHUP: the clean-up runs to its end
     stack: list = []
     harness: Harness | None = None
+    session: Session | None = None
     code = 1
     error = ""
     try:
-        kubeconfig, host, local = start_cluster(rec, stack)
+        extra: list[Path] = []
+        if os.environ.get("KUBECONFIG"):
+            extra, imgs, storage_image = any_cluster_config()
+        kubeconfig, local = start_cluster(rec, stack)
         kube = Kube(kubeconfig, OUT / "e2e.log", helm=os.environ.get("HELM", "helm"))
-        imgs = images(rec, local, kube)
-        storage = inputs(rec, host, stack)
-        harness = Harness(kube, rec, storage, imgs, OUT)
+        if local:
+            imgs, storage_image = local_images(rec, kube)
+            extra = [Path(f).resolve() for f in os.environ.get("E2E_VALUES", "").split(",") if f.strip()]
+        else:
+            rec.not_run("images", "KUBECONFIG is set: the cluster pulls the images E2E_VALUES / E2E_*_IMAGE name")
+        session = Session(kube)
+        rec.facts["run_id"] = session.run_id
+        harness = Harness(kube, rec, None, imgs, OUT, extra_values=extra, session=session)
+        check_cluster(rec, harness, session)
+        harness.storage = inputs(rec, harness, session, storage_image, imgs.pull_policy or "IfNotPresent", stack)
         rec.facts["versions"] = _versions(kube)
         harness.missing.update(_kuberay_preflight(kube))
         run_stages(harness, rec, reasons, deadline=deadline)
@@ -135,12 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     except StageError as e:
         error = str(e)
         say(f"[e2e] FAILED: {e}")
-    except KeyboardInterrupt:
-        say("[e2e] interrupted: cleaning up")
-        code = 130
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", 2)
+        say(f"[e2e] interrupted ({proc.signal.Signals(signum).name}): cleaning up; it runs to its end")
+        code = 128 + signum
     finally:
-        finish(rec, stop_reason(rec, code == 130, error), reasons=reasons)
-        code = _cleanup(rec, harness, stack, args.keep, code)
+        finish(rec, stop_reason(rec, code in (129, 130, 143), error), reasons=reasons)
+        with proc.shielded(say):
+            code = _cleanup(rec, harness, session, stack, args.keep, code)
+        lock.close()
     return code
 
 
@@ -161,16 +243,39 @@ def _versions(kube: Kube) -> dict[str, str]:
     return part_versions(kube, ct)
 
 
-def _cleanup(rec: Record, harness: Harness | None, stack: list, keep: bool, code: int) -> int:
+def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool,
+             code: int) -> int:
     problems: list[str] = []
+    objs: list = []
+    if harness is not None and session is not None and not keep and session.before:
+        try:
+            from e2e.shared_cluster import PRIORITY_CLASSES
+
+            objs = session.cluster_objects(harness.namespaces, list(PRIORITY_CLASSES))
+        except StageError as e:
+            problems.append(f"listing the run's cluster-scoped objects: {e}")
+    for kind, obj in reversed(stack):
+        if kind == "storage":
+            obj.stop()  # the port-forward; the Deployment goes with its namespace
     if harness is not None and not keep:
         try:
             problems += harness.cleanup()
-        except (StageError, KeyboardInterrupt) as e:
+            if session is not None:
+                problems += session.delete(objs, [])
+        except StageError as e:
             problems.append(f"cleanup of releases: {e}")
+    if session is not None and not keep:
+        try:
+            left = session.left()
+        except StageError as e:
+            left = [f"(could not ask the cluster: {e})"]
+        rec.facts["left"] = left
+        say(f"[e2e] left on the cluster: {', '.join(left) if left else 'nothing'}")
+        if left:
+            problems.append(f"left on the cluster: {', '.join(left)}")
     for kind, obj in reversed(stack):
         if kind == "storage":
-            obj.stop()
+            continue
         elif kind == "cluster" and not keep:
             try:
                 run_script([str(CLUSTER_SH), "stop", str(obj)], OUT / "cluster.log", 300, "cluster stop")
@@ -182,7 +287,7 @@ def _cleanup(rec: Record, harness: Harness | None, stack: list, keep: bool, code
     for p in problems:
         say(f"[e2e] cleanup: {p}")
     say("\n" + rec.table())
-    say(f"[e2e] {rec.write().relative_to(ROOT)} (log: e2e-output/e2e.log)")
+    say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
     return 1 if (code == 0 and problems) else code
 
 

@@ -6,7 +6,7 @@ import shlex
 import shutil
 import subprocess
 
-from e2e.harness import CHART, ROOT, VALUES, Harness
+from e2e.harness import CHART, ROOT, Harness
 from e2e.kube import StageError
 
 # The ci/ values files a one-node CPU cluster can run (the others ask for GPU nodes, GKE node pools,
@@ -16,6 +16,9 @@ CPU_NODE_VALUES = ["cpu-node-values.yaml"]
 
 
 def ct_binary() -> str:
+    """ct on PATH (a user's machine), else the part e2e/parts.sh built."""
+    if shutil.which("ct"):
+        return shutil.which("ct")
     out = subprocess.run([str(ROOT / "e2e" / "parts.sh"), "path", "ct"], capture_output=True, text=True, check=True)
     return f"{out.stdout.strip()}/ct"
 
@@ -46,7 +49,7 @@ def ct_install(h: Harness) -> str:
         cfg[key] = str(ROOT / cfg[key])
     (work / "ct.yaml").write_text(yaml.safe_dump(cfg))
     sets = " ".join(f"--set-string {shlex.quote(f'{k}={v}')}" for k, v in h.base_sets().items())
-    extra = f"--values {VALUES} {sets}"
+    extra = " ".join(f"--values {shlex.quote(str(v))}" for v in h.values_files()) + f" {sets}"
     h.kube.run([ct_binary(), "install", "--config", str(work / "ct.yaml"), "--helm-extra-set-args", extra,
                 "--helm-extra-args", "--timeout 600s"], timeout=1200, what="ct install")
     return f"ci/{', '.join(CPU_NODE_VALUES)}: installed, helm test passed, uninstalled (ct's own namespace)"

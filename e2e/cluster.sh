@@ -6,6 +6,7 @@
 #                               KubeRay operator and Kueue; last line: KUBECONFIG=DIR/kubeconfig
 #   e2e/cluster.sh stop DIR     stop all by PID file, put back what the start changed on the host
 #   e2e/cluster.sh status DIR   each part, the containerd socket (DIR/containerd.sock), the node
+#   e2e/cluster.sh leftovers DIR  remove what a cluster killed hard (or a reboot) left, naming it (start does this too)
 #
 # Parts come from e2e/parts.sh (built once, cached by version). DIR holds certificates, configs, logs
 # (DIR/logs/PART.log) and PID files (DIR/run/PART.pid); every start begins a fresh cluster (new etcd,
@@ -13,8 +14,8 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; DIR=${2:-}
-[ -n "$cmd" ] && [ -n "$DIR" ] || { echo "usage: $0 start|stop|status DIR" >&2; exit 2; }
-case $cmd in start|stop|status) ;; *) echo "usage: $0 start|stop|status DIR" >&2; exit 2 ;; esac
+[ -n "$cmd" ] && [ -n "$DIR" ] || { echo "usage: $0 start|stop|status|leftovers DIR" >&2; exit 2; }
+case $cmd in start|stop|status|leftovers) ;; *) echo "usage: $0 start|stop|status|leftovers DIR" >&2; exit 2 ;; esac
 mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd) && chmod 700 "$DIR" || { echo "cluster: cannot use $DIR as the cluster's folder" >&2; exit 2; }
 
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
@@ -65,6 +66,7 @@ preflight() {
     [ -f "$(part_bin "$p")/.built" ] || { echo "cluster: the $p part is not built: run e2e/parts.sh build $p (once per version; kube takes about an hour on 2 cores)" >&2; exit 1; }
   done
   host_is_ours || { echo "cluster: another local cluster is running from $(owner): stop it first (e2e/cluster.sh stop $(owner))" >&2; exit 1; }
+  earlier_leftovers
   if ip link show cni0 >/dev/null 2>&1 && [ ! -f "$DIR/host/recorded" ]; then
     echo "cluster: a cni0 bridge exists that this script did not make (another Kubernetes on this host?): remove it or stop that cluster" >&2; exit 1
   fi
@@ -81,6 +83,35 @@ ports_free() {
   if ss -Htuln "sport = :53" | grep -qE "($GATEWAY|0\.0\.0\.0|\*):53 "; then
     echo "cluster: $GATEWAY:53 is taken: CoreDNS serves there" >&2; exit 1
   fi
+}
+
+# What a cluster of this script left when it was killed hard (SIGKILL) or the machine rebooted: its folder
+# (named by the cache's owner file) with no part running, or, with the folder gone, the cni0 bridge on
+# our gateway address with no kubelet on the host and /etc/kueue holding a certificate of our CA.
+# Recognised, named in one sentence, removed.
+earlier_leftovers() {
+  local o found="" crt=$KUEUE_METRICS_CERTS/tls.crt
+  o=$(owner)
+  if [ -n "$o" ] && [ "$o" != "$DIR" ] && [ -f "$o/host/recorded" ]; then
+    found=$(DIR=$o leftovers 1 | tr '\n' ';' | sed 's/;$//; s/;/, /g')
+    echo "cluster: an earlier cluster from $o was killed or the machine rebooted; removing what it left: ${found:-its records}" >&2
+    ( DIR=$o; stop_all >/dev/null 2>&1 ) || { echo "cluster: could not remove all of it: run e2e/cluster.sh stop $o" >&2; exit 1; }
+    return 0
+  fi
+  [ -n "$o" ] && [ "$o" != "$DIR" ] && rm -f "$CACHE/cluster.owner"
+  [ -f "$DIR/host/recorded" ] && return 0   # our own folder: start cleans it up ("an earlier start")
+  pgrep -x kubelet >/dev/null 2>&1 && return 0
+  if ip -4 -o addr show dev cni0 2>/dev/null | grep -qF " $GATEWAY/24 "; then
+    found="the bridge cni0 ($GATEWAY/24)"
+  fi
+  if [ -f "$crt" ] && openssl x509 -noout -issuer -in "$crt" 2>/dev/null | grep -q 'CN *= *gemma3-ray-e2e-ca'; then
+    found="${found:+$found, }$KUEUE_METRICS_CERTS (a certificate of this script's CA)"
+  fi
+  [ -n "$found" ] || return 0
+  echo "cluster: an earlier cluster of this script left, after a hard kill or a reboot: $found; removing it" >&2
+  case $found in *cni0*) remove_network ;; esac
+  case $found in *"$KUEUE_METRICS_CERTS"*) rm -rf "$KUEUE_METRICS_CERTS"; rmdir /etc/kueue/metrics /etc/kueue 2>/dev/null ;; esac
+  return 0
 }
 
 all_running() {
@@ -140,7 +171,10 @@ start() {
   if all_running; then log "already running"; echo "KUBECONFIG=$DIR/kubeconfig"; START_OK=1; return 0; fi
   trap on_exit EXIT
   trap 'echo "cluster: interrupted" >&2; exit 130' INT TERM HUP
-  if ls "$DIR"/run/*.pid >/dev/null 2>&1 || [ -f "$DIR/host/recorded" ]; then log "cleaning up an earlier start"; stop_all >/dev/null 2>&1; fi
+  if ls "$DIR"/run/*.pid >/dev/null 2>&1 || [ -f "$DIR/host/recorded" ]; then
+    log "cleaning up an earlier start from $DIR (killed or stopped halfway): $(leftovers 1 | tr '\n' ',' | sed 's/,$//')"
+    stop_all >/dev/null 2>&1
+  fi
   ports_free
   rm -rf "$DIR/run" "$DIR/logs" "$DIR/etcd" "$DIR/kubelet" "$DIR/kueue" "$DIR/coredns" "$DIR/kube-proxy"
   mkdir -p "$DIR/run" "$DIR/logs"
@@ -248,6 +282,10 @@ mkdir -p "$CACHE"; exec 9>"$CACHE/cluster.lock"
 if [ "$cmd" != status ] && ! flock -n 9; then echo "cluster: another e2e/cluster.sh start or stop is running on this host" >&2; exit 1; fi
 case $cmd in
   start) start ;;
-  stop) stop_all && log "stopped; the host is as before the start" ;;
+  stop) trap '' INT TERM HUP   # the clean-up runs to its end
+    stop_all && log "stopped; the host is as before the start" ;;
   status) status ;;
+  leftovers) trap '' INT TERM HUP
+    host_is_ours || { echo "cluster: a local cluster is running from $(owner): nothing to remove" >&2; exit 1; }
+    earlier_leftovers ;;
 esac

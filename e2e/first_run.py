@@ -21,8 +21,9 @@ from typing import Any
 from e2e import notes_check as nc
 from e2e.harness import CHART, Harness, Run
 from e2e.kube import StageError
+from e2e.session import run_name
 
-NAMESPACE = "g3r-e2e"
+NAMESPACE = run_name("g3r-e2e")  # unique per run (e2e/session.py)
 RELEASE = "e2e"
 FINALIZER_RELEASE = "e2e-fin"
 KEEP_ALIVE_S = 1800  # the first release's cluster outlives its job by this much (uninstall ends it sooner)

@@ -13,6 +13,7 @@ from typing import Any
 
 from demo.chart_job import parse_flags
 from e2e.kube import Kube, StageError
+from e2e.proc import run_child
 from e2e.stages import Record
 from e2e.storage import Storage
 
@@ -25,16 +26,46 @@ DATA_URI = f"gs://{BUCKET}/inputs/sample-data"
 RUN_TIMEOUT_S = 900
 
 
+def parse_ref(ref: str) -> tuple[str, str, str, str]:
+    """An image reference as (registry, repository, tag, digest): `[host[:port]/]path[:tag][@sha256:...]`.
+
+    The first path part is a registry when it has a '.' or a ':' (a port) or is `localhost`, as Docker reads it.
+    """
+    name, _, digest = ref.partition("@")
+    tag = ""
+    if ":" in name.rsplit("/", 1)[-1]:
+        name, tag = name.rsplit(":", 1)
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first, rest, tag, digest
+    return "", name, tag, digest
+
+
 @dataclass
 class Images:
-    head: str  # Ray only: the head, the submitter, the helm test pod
-    worker: str  # the training image of images/trainer/Dockerfile
+    """Images given as references (the local cluster's imports, or E2E_HEAD_IMAGE/E2E_WORKER_IMAGE); None: the
+    values files name them."""
+
+    head: str | None = None  # Ray only: the head, the submitter, the helm test pod
+    worker: str | None = None  # the training image of images/trainer/Dockerfile
+    pull_policy: str | None = None  # Never for images imported into the node, else the values' own
 
     def sets(self) -> dict[str, str]:
-        h_repo, _, h_tag = self.head.rpartition(":")
-        w_repo, _, w_tag = self.worker.rpartition(":")
-        return {"head.image.repository": h_repo, "head.image.tag": h_tag,
-                "workers.image.repository": w_repo, "workers.image.tag": w_tag}
+        out: dict[str, str] = {}
+        for group, ref in (("head", self.head), ("workers", self.worker)):
+            if not ref:
+                continue
+            registry, repo, tag, digest = parse_ref(ref)
+            if registry:
+                out[f"{group}.image.registry"] = registry
+            out[f"{group}.image.repository"] = repo
+            if tag:
+                out[f"{group}.image.tag"] = tag
+            if digest:
+                out[f"{group}.image.digest"] = digest
+        if self.pull_policy:
+            out["image.pullPolicy"] = self.pull_policy
+        return out
 
 
 @dataclass
@@ -62,6 +93,9 @@ class Harness:
     out_dir: Path
     installed: list[tuple[str, str]] = field(default_factory=list)  # (namespace, release), for cleanup
     namespaces: list[str] = field(default_factory=list)
+    extra_values: list[Path] = field(default_factory=list)  # E2E_VALUES: after values/e2e.yaml, before a stage's
+    session: Any = None  # e2e.session.Session: run id, labels, cluster-scoped clean-up
+    cluster: Any = None  # e2e.preflight.ClusterFacts: what the cluster has (KubeRay, Kueue, a worker node)
     runs: dict[str, Run] = field(default_factory=dict)  # what one stage hands the next: "first", "upgraded", …
     notes: dict[str, str] = field(default_factory=dict)  # release -> its NOTES as helm printed them
     # what the cluster lacks, for stage_table's `requires` (a preflight fills it): "kueue" -> why not
@@ -74,6 +108,8 @@ class Harness:
         if self.kube.get("namespace", name, "default") is None:
             self.kube.k("create", "namespace", name, what=f"namespace {name}")
             self.namespaces.append(name)
+        if self.session is not None:  # the run's labels: its leftovers are found by them
+            labels = {**self.session.labels, **(labels or {})}
         if labels:
             self.kube.k("label", "--overwrite", "namespace", name, *[f"{k}={v}" for k, v in labels.items()])
         # the node's ServiceAccount admission needs the namespace's default ServiceAccount first
@@ -83,14 +119,18 @@ class Harness:
 
     def base_sets(self) -> dict[str, str]:
         return {**self.images.sets(),
-                "rayJob.runtimeEnv.envVars.STORAGE_EMULATOR_HOST": self.storage.url,
+                "rayJob.runtimeEnv.envVars.STORAGE_EMULATOR_HOST": self.storage.cluster_url,
                 "training.model_id": MODEL_URI, "training.dataset_name": DATA_URI}
+
+    def values_files(self) -> list[Path]:
+        """values/e2e.yaml, then E2E_VALUES (the cluster's images, pull policy, anything else it needs)."""
+        return [VALUES, *self.extra_values]
 
     def helm_install(self, release: str, ns: str, *, sets: dict[str, str | int] | None = None,
                      values: list[Path] | None = None, upgrade: bool = False, extra: list[str] | None = None) -> Run:
         """helm install (or upgrade) the chart with values/e2e.yaml; the revision's RayJob and run."""
         args = ["upgrade" if upgrade else "install", release, str(CHART), "-n", ns]
-        for v in [VALUES, *(values or [])]:
+        for v in [*self.values_files(), *(values or [])]:
             args += ["-f", str(v)]
         for k, v in {**self.base_sets(), **(sets or {})}.items():  # ints as numbers, the rest verbatim as text
             args += ["--set" if isinstance(v, int) else "--set-string", f"{k}={v}"]
@@ -170,9 +210,8 @@ def run_script(argv: list[str], log: Path, timeout: float, what: str, env: dict[
     """A project script (e2e/cluster.sh, e2e/image.sh): its stdout; on failure its last lines, as a StageError."""
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"$ {shlex.join(argv)}\n")
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env={**os.environ, **(env or {})})
+    try:  # a signal reaches the script, which finishes its clean-up (e2e/proc.py)
+        proc = run_child(argv, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as e:
         raise StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s") from e
     with open(log, "a", encoding="utf-8") as f:

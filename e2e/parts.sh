@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real cluster's parts from their Go modules, pinned, into a cache outside the clone,
 # keyed by version: a second run (and CI on the same machine) finds them and builds nothing.
-#   e2e/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct (default: all)
+#   e2e/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct, registry (default: all)
 #   e2e/parts.sh path PART         # the folder holding PART's binaries (built or not)
 #   e2e/parts.sh check             # exit 0 when every part is built
+#   e2e/parts.sh go-check [PART]   # the installed Go is new enough for each part's go.mod (one sentence if not)
 set -euo pipefail
 
 # One place for the versions (the issue pins KubeRay v1.5.0 and Kueue v0.17.0). Kubernetes stays on
@@ -18,10 +19,14 @@ COREDNS_VERSION=v1.12.4
 KUBERAY_VERSION=${E2E_KUBERAY:-v1.5.0}
 KUEUE_VERSION=v0.17.0
 CT_VERSION=v3.14.0
+# The OCI registry (distribution's `registry`) the any-cluster proof pulls the images from (e2e/registry.sh).
+REGISTRY_VERSION=v3.1.2
 
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=${GOTOOLCHAIN:-local}
-PARTS=(kube coredns kuberay kueue ct)
+# The machine's own go settings stay (GOPROXY, GOFLAGS from the environment or `go env -w`); -mod=mod is
+# added to its GOFLAGS, not put in their place.
+go_flags() { local f; f=$(go env GOFLAGS 2>/dev/null || true); echo "${f:+$f }-mod=mod"; }
+PARTS=(kube coredns kuberay kueue ct registry)
 
 part_dir() {
   case $1 in
@@ -30,17 +35,48 @@ part_dir() {
     kuberay) echo "$CACHE/parts/kuberay-$KUBERAY_VERSION" ;;
     kueue) echo "$CACHE/parts/kueue-$KUEUE_VERSION" ;;
     ct) echo "$CACHE/parts/ct-$CT_VERSION" ;;
+    registry) echo "$CACHE/parts/registry-$REGISTRY_VERSION" ;;
     *) echo "unknown part '$1' (one of: ${PARTS[*]})" >&2; return 2 ;;
   esac
+}
+
+module_of() {
+  case $1 in
+    kube) echo "k8s.io/kubernetes@$KUBE_VERSION" ;;
+    coredns) echo "github.com/coredns/coredns@$COREDNS_VERSION" ;;
+    kuberay) echo "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" ;;
+    kueue) echo "sigs.k8s.io/kueue@$KUEUE_VERSION" ;;
+    ct) echo "github.com/helm/chart-testing/v3@$CT_VERSION" ;;
+    registry) echo "github.com/distribution/distribution/v3@$REGISTRY_VERSION" ;;
+  esac
+}
+
+# mod_file MODULE@VERSION: the path of its go.mod in the module cache, fetched by the go command from
+# wherever this machine's go settings say (GOPROXY, GONOSUMDB, GOPRIVATE ...).
+mod_file() {
+  (cd / && go mod download -json "$1") | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("GoMod") or ""); sys.exit(1 if d.get("Error") else 0)'
+}
+
+# go_ok PART: the installed go is at least the version PART's go.mod asks for (one sentence if not)
+go_ok() {
+  local m need have
+  command -v go >/dev/null || { echo "[parts] no go command on PATH: the parts are built from their Go modules; install Go (the kube part needs Go >= 1.23)" >&2; return 1; }
+  m=$(mod_file "$(module_of "$1")") || { echo "[parts] $1: the go command could not fetch $(module_of "$1") (GOPROXY=$(go env GOPROXY)): $m" >&2; return 1; }
+  need=$(awk '$1 == "go" {print $2; exit}' "$m")
+  have=$(go env GOVERSION); have=${have#go}
+  if [ -n "$need" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+    echo "[parts] $1: $(module_of "$1") needs Go >= $need (its go.mod) and this machine has go $have: install a newer Go (or let the go command fetch one: GOTOOLCHAIN=auto)" >&2
+    return 1
+  fi
 }
 
 # wrapper DIR MODULE@VERSION: a module that requires MODULE at VERSION, with MODULE's own replace
 # directives copied (a dependency's replaces are ignored by Go, so the wrapper must restate them).
 wrapper() {
-  local dir=$1 mod=${2%@*} ver=${2#*@}
+  local dir=$1 mod=${2%@*} ver=${2#*@} m
   rm -rf "$dir/src"; mkdir -p "$dir/src"; cd "$dir/src"
   go mod init "gemma3-ray.local/parts" >/dev/null 2>&1
-  curl -fsS "${GOPROXY_URL:-https://proxy.golang.org}/$(echo "$mod" | sed 's/[A-Z]/!\L&/g')/@v/$ver.mod" > upstream.mod
+  m=$(mod_file "$mod@$ver") && cp "$m" upstream.mod
   # copy replace lines that point at module versions (not at local folders)
   awk '/^replace \(/{b=1;next} b&&/^\)/{b=0;next} b{print "replace " $0} /^replace [^(]/{print}' upstream.mod \
     | grep -v '=> \./' | grep -v '=> \.\./' >> go.mod || true
@@ -106,11 +142,19 @@ build_ct() {
   cp "$src"/etc/chart_schema.yaml "$src"/etc/lintconf.yaml "$out/bin.tmp/" 2>/dev/null || true
 }
 
+build_registry() {
+  local out; out=$(part_dir registry); wrapper "$out" "github.com/distribution/distribution/v3@$REGISTRY_VERSION"
+  go get "github.com/distribution/distribution/v3@$REGISTRY_VERSION"
+  go build -trimpath -ldflags "-s -w -X github.com/distribution/distribution/v3/version.version=$REGISTRY_VERSION" \
+    -o "$out/bin.tmp/registry" github.com/distribution/distribution/v3/cmd/registry
+}
+
 build() {
   local p out
   for p in "$@"; do
-    out=$(part_dir "$p")
+    out=$(part_dir "$p") || return 2
     if [ -f "$out/bin/.built" ]; then echo "[parts] $p: cached in $out/bin"; continue; fi
+    go_ok "$p" || return 1
     echo "[parts] $p: building from its Go module (once per version; log $out/build.log)"
     mkdir -p "$out"; rm -rf "$out/bin.tmp"
     local t0=$SECONDS
@@ -120,13 +164,29 @@ build() {
     fi
     rm -rf "$out/bin"; mv "$out/bin.tmp" "$out/bin"; date -u +%FT%TZ > "$out/bin/.built"
     echo "[parts] $p: built in $((SECONDS - t0)) s -> $out/bin"
+    prune "$p"
   done
 }
 
+# prune PART: keep this version and the one built before it (the last two keys); older ones go
+prune() {
+  local keep d n=0; keep=$(part_dir "$1")
+  for d in $(ls -1dt "$CACHE/parts/$1-"*/ 2>/dev/null); do
+    d=${d%/}; [ "$d" = "$keep" ] && continue
+    n=$((n + 1)); [ $n -le 1 ] && continue
+    echo "[parts] $1: removing $d (older than the last two versions)"; rm -rf "$d"
+  done
+}
+
+export CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+GOFLAGS=$(go_flags); export GOFLAGS
 cmd=${1:-build}; shift || true
 case $cmd in
   build) [ $# -gt 0 ] || set -- "${PARTS[@]}"; build "$@" ;;
   path) echo "$(part_dir "$1")/bin" ;;
+  goflags) echo "$GOFLAGS" ;;   # what the builds run with: the machine's GOFLAGS plus -mod=mod
+  go-check) for p in "${@:-${PARTS[@]}}"; do go_ok "$p" || exit 1; done; echo "[parts] $(go env GOVERSION) builds every part" ;;
+  check-part) [ -f "$(part_dir "${1:?check-part PART}")/bin/.built" ] || { echo "$1 is not built (e2e/parts.sh build $1)"; exit 1; } ;;
   check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/parts.sh build $p)"; exit 1; }; done ;;
-  *) echo "usage: $0 build [PART...] | path PART | check" >&2; exit 2 ;;
+  *) echo "usage: $0 build [PART...] | path PART | check | check-part PART | go-check [PART...] | goflags" >&2; exit 2 ;;
 esac

@@ -9,8 +9,9 @@ from typing import Any
 
 from e2e.harness import ROOT, Harness, Run
 from e2e.kube import StageError, ended
+from e2e.session import run_name
 
-TEAM_A, TEAM_B = "g3r-team-a", "g3r-team-b"
+TEAM_A, TEAM_B = run_name("g3r-team-a"), run_name("g3r-team-b")  # unique per run (e2e/session.py)
 SHARED = ROOT / "values" / "shared-cluster.yaml"
 # What values/shared-cluster.yaml names that a one-node CPU cluster has not: GKE flex-start nodes and a
 # Google service account. Everything else of the file applies as written.

@@ -54,8 +54,11 @@ STAGES: tuple[StageSpec, ...] = (
               "operator and Kueue.", None, typical_s=60),
     StageSpec("images", SETUP, "e2e/image.sh builds the head and training images (images/trainer/Dockerfile).",
               None, typical_s=900),
-    StageSpec("storage and inputs", SETUP, "The storage emulator serves the tiny Gemma 3 and the sample data to "
-              "the pods.", None, typical_s=30),
+    StageSpec("preflight", SETUP, "The cluster serves KubeRay's ray.io/v1 CRDs knowing every RayJob field the chart "
+              "sets; Kueue and a cordonable worker node are recorded for the stages that need them; a killed run's "
+              "leftovers are removed.", None, typical_s=10),
+    StageSpec("storage and inputs", SETUP, "The storage emulator, a Deployment in the cluster, serves the tiny "
+              "Gemma 3 and the sample data to the pods.", None, typical_s=40),
     # ------------------------------------------------------------------------------------------ first
     StageSpec("install", FIRST, "`helm install` with values/e2e.yaml creates the release's RayJob `<r>-r1` and "
               "its run.", _f("first_run", "install"), typical_s=10),

@@ -35,7 +35,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "$DIR/cni/net.d"
 [plugins."io.containerd.internal.v1.opt"]
   path = "$DIR/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri".registry]
+  # one folder per registry host (hosts.toml): the plain-HTTP registries of E2E_REGISTRY
+  config_path = "$DIR/containerd/certs.d"
 EOF
+  write_registry_hosts
+}
+
+# E2E_REGISTRY=HOST:PORT[,HOST:PORT...]: registries the node pulls from over plain HTTP (e2e/registry.sh),
+# as a cluster owner configures a local registry (containerd's hosts.toml, like kind's certs.d)
+write_registry_hosts() {
+  local r
+  rm -rf "$DIR/containerd/certs.d"; mkdir -p "$DIR/containerd/certs.d"
+  for r in ${E2E_REGISTRY//,/ }; do
+    mkdir -p "$DIR/containerd/certs.d/$r"
+    printf 'server = "http://%s"\n\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' "$r" "$r" \
+      > "$DIR/containerd/certs.d/$r/hosts.toml"
+  done
 }
 
 write_cni_config() {

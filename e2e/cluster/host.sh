@@ -29,9 +29,10 @@ record_host() {
     for c in $CGROUPS; do [ -e "$h$c" ] || echo "$h$c"; done
   done > "$DIR/host/absent-cgroups"
   local ipt t
+  # the KUBE-* and CNI-* chains already there (another Kubernetes, podman): stop leaves them alone
   for ipt in iptables ip6tables; do
-    for t in $TABLES; do "$ipt-save" -t "$t" 2>/dev/null | grep -oE '^:CNI-[^ ]+' | sed "s/^:/$ipt $t /"; done
-  done > "$DIR/host/cni-chains"
+    for t in $TABLES; do "$ipt-save" -t "$t" 2>/dev/null | grep -oE '^:(CNI|KUBE)-[^ ]+' | sed "s/^:/$ipt $t /"; done
+  done > "$DIR/host/chains"
   touch "$DIR/host/recorded"
 }
 
@@ -65,16 +66,18 @@ unmount_all() {
   done
 }
 
-# ours_chains IPT TABLE: the chains to remove: every KUBE-* chain (only the kubelet and kube-proxy make
-# them), and each CNI-* chain that was not there at start and holds no rule of another CNI network
+# ours_chains IPT TABLE: the chains to remove: each KUBE-* chain that was not there at start (our kubelet
+# and kube-proxy made it), and each CNI-* chain that was not there at start and holds no rule of another
+# CNI network. (A folder recorded by an older script has only cni-chains: its KUBE-* chains are all its own.)
 ours_chains() {
-  local ipt=$1 t=$2 save c
+  local ipt=$1 t=$2 save c rec="$DIR/host/chains"
+  [ -f "$rec" ] || rec="$DIR/host/cni-chains"
   save=$("$ipt-save" -t "$t" 2>/dev/null)
   for c in $(echo "$save" | grep -oE '^:(KUBE|CNI)-[^ ]+' | cut -c2-); do
+    grep -qxF "$ipt $t $c" "$rec" 2>/dev/null && continue
     case $c in
       KUBE-*) echo "$c" ;;
       CNI-*)
-        grep -qxF "$ipt $t $c" "$DIR/host/cni-chains" 2>/dev/null && continue
         echo "$save" | grep -E "^-A $c " | grep -oE 'name: \\"[^\\]*\\"' | grep -vqF "\"$CNI_NETWORK\\" && continue
         echo "$c" ;;
     esac

@@ -112,4 +112,4 @@ def test_an_unknown_command_or_image_gets_the_usage(tree: Path) -> None:
     out = image_sh(tree, "push")
     assert out.returncode != 0 and out.stderr.startswith("e2e/image.sh: usage:"), out.stderr
     out = image_sh(tree, "name", "head")
-    assert out.returncode != 0 and "unknown image 'head' (base or trainer)" in out.stderr, out.stderr
+    assert out.returncode != 0 and "unknown image 'head' (base, trainer or storage)" in out.stderr, out.stderr

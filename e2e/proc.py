@@ -1,0 +1,93 @@
+"""Signals for `make e2e`: ^C, SIGTERM and SIGHUP end the run with its clean-up finished.
+
+The harness turns SIGTERM and SIGHUP into `Interrupted` (a KeyboardInterrupt, as ^C is), and runs each
+project script (e2e/cluster.sh, e2e/image.sh, e2e/registry.sh) in a session of its own, so that the
+signal reaches the script once, from here, and the script finishes its own clean-up: it is waited for,
+never killed after subprocess.run's 0.25 s. While the clean-up runs, further signals are noted and
+ignored ("a second ^C after the clean-up").
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long a script gets to finish its clean-up after the signal (cluster.sh stop takes 5-15 s here;
+# image.sh stops a build step and unmounts within a minute).
+CHILD_CLEANUP_S = 300.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal ended the run (^C, SIGTERM, SIGHUP); signum says which."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def install() -> None:
+    """^C, SIGTERM, SIGHUP -> Interrupted in the main thread."""
+    for s in HANDLED:
+        signal.signal(s, _raise)
+
+
+@contextmanager
+def shielded(say=print) -> Iterator[list[int]]:
+    """The clean-up: signals arriving meanwhile are listed (and said once), not acted on."""
+    got: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        got.append(signum)
+        with suppress(OSError):
+            say(f"[e2e] {signal.Signals(signum).name}: the clean-up is running; it finishes first")
+
+    old = {s: signal.signal(s, note) for s in HANDLED}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_child(argv: list[str], *, timeout: float, cwd=None, env=None) -> subprocess.CompletedProcess[str]:
+    """Run argv to its end, output captured. On a signal here: the same signal to the child, then wait
+    (up to CHILD_CLEANUP_S) for it to finish its clean-up, then re-raise. On timeout: SIGTERM, the same wait,
+    then subprocess.TimeoutExpired."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _finish(proc, signal.SIGTERM)
+        raise
+    except KeyboardInterrupt as e:
+        _finish(proc, getattr(e, "signum", signal.SIGINT))
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _finish(proc: subprocess.Popen, signum: int) -> None:
+    """Send signum to the child (its own session: nothing else sent it) and wait for it to end."""
+    if proc.poll() is None:
+        with suppress(ProcessLookupError):
+            proc.send_signal(signum)
+    deadline = time.monotonic() + CHILD_CLEANUP_S
+    with shielded(lambda m: None):
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                proc.communicate(timeout=1)
+            except subprocess.TimeoutExpired:
+                continue
+            except ValueError:  # pipes already closed by an earlier communicate
+                time.sleep(0.2)
+        if proc.poll() is None:  # a child that ignores its clean-up limit: only now SIGKILL
+            proc.kill()
+            proc.wait()

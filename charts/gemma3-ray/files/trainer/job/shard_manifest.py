@@ -194,3 +194,16 @@ def from_config(obj: dict[str, Any]) -> ShardSet:
     return ShardSet(obj["root"], obj["shard_format"], obj["rows"], dict(obj["columns"]), obj["image_column"],
                     obj["content_sha256"], tuple(Shard(s["name"], s["uri"], s["rows"], s["first_row"], s["size"],
                                                        s["sha256"], s["md5"]) for s in obj["shards"]))
+
+
+def check_for_run(args) -> ShardSet:
+    """The run's streaming dataset (`dataset_name`), checked as a whole on the head; UsageError otherwise."""
+    from trainer.job.flags import UsageError, column_mapping
+    from trainer.job.storage import filesystem, storage_at
+
+    root = args.dataset_name.rstrip("/")
+    try:
+        fs, base = filesystem(root, storage_at(root).emulator_host)
+        return load(fs, base, root, root.startswith("gs://"), column_mapping(args))
+    except ManifestError as e:
+        raise UsageError(str(e)) from e

@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sets["training.max_steps"] = str(args.max_steps)
     if args.streaming:
         sets["training.streaming"] = "true"
+        sets.setdefault("training.streaming_decoders", "1")  # one CPU stage actor: the head offers 2 spare CPUs
     preflight(helm, args.chart, args.values, sets)  # the values, every --set, the trainer's own flag checks
     run_dir = _new_run_dir(args.output_dir)
     say(f"run directory: {run_dir}")

@@ -40,6 +40,9 @@ from trainer.job.shard_manifest import ROW_ID, ShardSet
 SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
 STATE_FILE = "stream_state.json"  # in each checkpoint: the epoch and the rows it has trained
 STAGE_BATCH_ROWS = 16
+# A shard read waits on the network more than it computes: a quarter CPU each, so reads still run where the
+# training workers and the CPU stage hold every whole CPU.
+READ_CPUS = 0.25
 SHUFFLE_RULE = ("each epoch: the shards in an order seeded by seed and the epoch, then each worker's rows through "
                 "a shuffle window of {window} rows seeded by seed, the epoch and the rank")
 NO_SHUFFLE_RULE = "none (streaming_shuffle_window=0): the manifest's order of shards and rows"
@@ -219,8 +222,10 @@ def bad_row_stop(error: BaseException) -> str | None:
 
 
 def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments, mapping: dict[str, str],
-                  storage, exclude: set[int], decoders: int):
-    """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order."""
+                  storage, exclude: set[int], decoders: int, node_ids: list[str] | None = None):
+    """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order. With `node_ids`, the
+    CPU stage's actors run only on those nodes (the training workers': their image has the trainer's packages,
+    a stock Ray head has not); the reads run anywhere (pyarrow, which Ray Data brings)."""
     import ray.data
 
     from trainer.job.storage import filesystem
@@ -229,14 +234,17 @@ def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments,
     fs, _ = filesystem(shards[0].uri, storage.emulator_host)
     paths = [filesystem(s.uri, storage.emulator_host)[1] for s in shards]
     if plan.shards.shard_format == "webdataset":
-        ds = ray.data.read_webdataset(paths, filesystem=fs, decoder=None, override_num_blocks=len(paths))
+        ds = ray.data.read_webdataset(paths, filesystem=fs, decoder=None, override_num_blocks=len(paths),
+                                      num_cpus=READ_CPUS)
     else:
         columns = sorted({*mapping.values(), ROW_ID})
-        ds = ray.data.read_parquet(paths, filesystem=fs, columns=columns, override_num_blocks=len(paths))
+        ds = ray.data.read_parquet(paths, filesystem=fs, columns=columns, override_num_blocks=len(paths),
+                                   num_cpus=READ_CPUS)
     from dataclasses import asdict
 
+    placement = {"label_selector": {"ray.io/node-id": f"in({','.join(sorted(set(node_ids)))})"}} if node_ids else {}
     return ds.map_batches(
-        RowStage, batch_format="pyarrow", batch_size=STAGE_BATCH_ROWS, num_cpus=1, concurrency=decoders,
+        RowStage, batch_format="pyarrow", batch_size=STAGE_BATCH_ROWS, num_cpus=1, concurrency=decoders, **placement,
         fn_constructor_kwargs={"processor": processor, "args": asdict(args), "mapping": mapping,
                                "shard_format": plan.shards.shard_format, "image_column": plan.shards.image_column,
                                "storage": asdict(storage), "epoch": epoch, "first_eval_row": plan.first_eval_row,
@@ -463,6 +471,7 @@ class StreamSetup:
     start_step: int = 0
     decoders: int = 1
     object_store_bytes: int | None = None
+    node_ids: list[str] | None = None  # where the CPU stage may run (None: anywhere)
 
 
 def prepare_stream(args: TrainArguments, processor, setup: StreamSetup, micro_batch: int, accumulation: int):
@@ -480,7 +489,8 @@ def prepare_stream(args: TrainArguments, processor, setup: StreamSetup, micro_ba
     state = setup.state or StreamState()
 
     def make_dataset(epoch: int, exclude: set[int]):
-        return epoch_dataset(plan, epoch, processor, args, mapping, setup.storage, exclude, setup.decoders)
+        return epoch_dataset(plan, epoch, processor, args, mapping, setup.storage, exclude, setup.decoders,
+                             setup.node_ids)
 
     batches = StreamingBatches(plan, make_dataset, collate_group(encoder, args.use_gpu), setup.rank,
                                setup.world_size, micro_batch, accumulation, state, setup.broadcast, setup.gather,

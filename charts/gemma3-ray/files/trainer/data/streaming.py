@@ -238,8 +238,8 @@ def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments,
                                       num_cpus=READ_CPUS)
     else:
         columns = sorted({*mapping.values(), ROW_ID})
-        ds = ray.data.read_parquet(paths, filesystem=fs, columns=columns, override_num_blocks=len(paths),
-                                   num_cpus=READ_CPUS)
+        ds = ray.data.read_parquet(paths, filesystem=fs, override_num_blocks=len(paths),
+                                   num_cpus=READ_CPUS).select_columns(columns)
     from dataclasses import asdict
 
     placement = {"label_selector": {"ray.io/node-id": f"in({','.join(sorted(set(node_ids)))})"}} if node_ids else {}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
@@ -18,21 +17,7 @@ from gemma3_ray.config.clients import Clients
 from gemma3_ray.gcp import data_shards
 
 from tests.plugin.conftest import PROJECT, REGION, Recorder, storage_client
-
-
-def _trainer_module(rel: str):
-    """The trainer's own module (stdlib + pyarrow), loaded from its file: tests/ shadows the name `trainer`."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "trainer" / rel
-    spec = importlib.util.spec_from_file_location(f"_shard_check_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-shard_manifest = _trainer_module("job/shard_manifest.py")
+from trainer.job import shard_manifest
 
 BUCKET = "datasets-bucket"
 TO = f"gs://{BUCKET}/shards/products"

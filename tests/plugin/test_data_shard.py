@@ -68,7 +68,7 @@ def test_plan_writes_nothing_and_apply_round_trips_with_a_manifest_the_trainer_a
     url, storage = gcs
     src = _source(tmp_path)
     rc, out, _ = _run([str(src), "--to", TO, "--shard-size", "500B"], storage, capsys)
-    assert rc == 0 and "Dry run: nothing written" in out and "30 rows" in out
+    assert rc == 0 and "Dry run: nothing changed (nothing written)" in out and "30 rows" in out
     assert _objects(storage) == {}
 
     rc, out, err = _run([str(src), "--to", TO, "--shard-size", "500B", "--apply"], storage, capsys)
@@ -207,7 +207,7 @@ def test_the_plan_works_without_credentials(tmp_path, capsys, monkeypatch):
     src = _source(tmp_path, 4)
     assert cli.main(["data", "shard", str(src), "--to", TO]) == 0
     out = capsys.readouterr().out
-    assert "4 rows" in out and "not logged in" in out and "nothing written" in out
+    assert "4 rows" in out and "not logged in" in out and "Dry run: nothing checked or changed" in out
     assert cli.main(["data", "shard", str(src), "--to", TO, "--apply"]) == 1
     assert "gcloud auth application-default login" in capsys.readouterr().err
 

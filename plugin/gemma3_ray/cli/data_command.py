@@ -12,6 +12,7 @@ from gemma3_ray.cli import apply_flag
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.gcp import data_shards
 from gemma3_ray.gcp.shard_source import open_source
+from gemma3_ray.utils import plan
 from gemma3_ray.utils.errors import EXIT_USAGE, NotLoggedIn, UserError
 
 Out = Callable[[str], None]
@@ -53,8 +54,7 @@ def cmd_shard(args: argparse.Namespace, clients: Clients | None, out: Out = _out
             raise
         out(f"Shards of {args.source} in {where}:")
         out(f"  ? source {args.source}: not checked (not logged in)")
-        out("Not logged in: nothing was read or written. Run `gcloud auth application-default login` and this "
-            "command again to see the plan.")
+        out(plan.offline())
         return 0
     rows = f"{src.rows} rows" if src.rows is not None else "rows not counted until read"
     files = f", {len(src.files)} file{'s' if len(src.files) != 1 else ''}" if src.files else ""
@@ -67,7 +67,7 @@ def cmd_shard(args: argparse.Namespace, clients: Clients | None, out: Out = _out
             raise
         out(f"  + write shards of about {args.shard_size} ({args.format}) and manifest.json  [destination not "
             "checked: not logged in]")
-        out("Dry run: nothing written (no Google credentials: `gcloud auth application-default login`).")
+        out(plan.offline())
         return 0
     if state.complete:
         out(f"  = {len(state.done)} shards and manifest.json, every shard as its manifest records it")
@@ -81,8 +81,8 @@ def cmd_shard(args: argparse.Namespace, clients: Clients | None, out: Out = _out
         f"({args.format}: shard-NNNNN.{data_shards.SHARD_FORMATS[args.format]}), every image as bytes, each row's "
         "index as _row; then manifest.json (row counts, sha256 and md5 of every shard)")
     if not apply:
-        out("Dry run: nothing written. Apply with `gemma3-ray data shard ... --apply` (same flags); an interrupted "
-            "--apply resumes at the next shard.")
+        out(plan.dry_run(why="nothing written", apply="gemma3-ray data shard … --apply",
+                         note="an interrupted --apply resumes at the next shard"))
         return 0
     result = data_shards.write_all(src, dest, settings, state, out, data_shards.Progress(src.rows, stream))
     missing = sum(s["missing_images"] for s in result["shards"])

@@ -313,6 +313,8 @@ class StreamingBatches:
         return self.broadcast(iterators)[self.rank]
 
     def __iter__(self):
+        if getattr(self, "done", False):  # the Trainer asks again after the last epoch: nothing more
+            return
         group_rows = self.micro * self.accumulation
         for epoch in range(self.state.epoch, self.plan.epochs):
             if epoch != self.state.epoch:
@@ -336,6 +338,12 @@ class StreamingBatches:
                     yield self.collate(group.slice(j * self.micro, self.micro))
             self.epochs.append(self.epoch_record())
             self.epoch_open = False
+        self.done = True
+
+    def epoch_progress(self) -> float:
+        """The stream's epoch as a number: the epoch, plus the share of its rows trained so far."""
+        per_epoch = max(self.plan.steps_per_epoch() * self.plan.global_batch, 1)
+        return round(self.state.epoch + min(1.0, len(self.state.rows) * self.world_size / per_epoch), 4)
 
     def close(self) -> None:
         """At the end of training (every rank): the record of an epoch max_steps cut short."""
@@ -389,6 +397,8 @@ def stream_callback(batches: StreamingBatches, total_rows: int, rank: int, gathe
             self.logged = len(batches.waits)
             if logs is not None and "loss" in logs and waits:
                 logs["data_wait_s"] = sum(waits) / len(waits)
+            if logs is not None and "epoch" in logs:  # the Trainer's epoch counts max_steps, not the stream's epochs
+                logs["epoch"] = batches.epoch_progress()
 
         def on_save(self, args, state, control, **kwargs):
             everyone = gather(sorted(batches.state.rows))  # every rank: a collective

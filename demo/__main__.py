@@ -61,6 +61,11 @@ DEFAULT_ROWS = 240
 USER_CLUSTER_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
 # Flags the demo itself sets on the chart; --set cannot override them.
 DEMO_SET = ("training.model_id", "training.dataset_name")
+# --streaming: where the shards go in the local bucket, how big each is (the sample's 240 rows: ~8 shards), and the
+# CPUs the local head offers beyond the training workers (Ray Data's CPU stage and its reads).
+STREAM_PREFIX = "datasets/products"
+STREAM_SHARD_SIZE = "64KB"
+STREAM_EXTRA_CPUS = 2
 
 
 def say(msg: str) -> None:
@@ -77,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="extra `helm template --set` override, e.g. training.eval_steps=4 (repeatable)")
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows of the sample dataset")
+    p.add_argument("--streaming", action="store_true",
+                   help="shard the sample data into the local bucket with `gemma3-ray data shard` and train on it "
+                   "streamed (training.streaming=true: Ray Data, no copy, no scan before step 1)")
     p.add_argument("--num-cpus", type=int, default=None,
                    help="CPUs the local Ray head offers (default: this machine's, at least the worker count)")
     p.add_argument("--ray-port", type=int, default=None, help="GCS port of the local head (default: a free one)")
@@ -134,6 +142,33 @@ def _user_client():
         ) from e
 
 
+def _values_bucket(values: Path, sets: dict[str, str]) -> str:
+    """storage.bucket of the values file (or its --set): the bucket the local storage server serves."""
+    import yaml
+
+    bucket = sets.get("storage.bucket") or ((yaml.safe_load(values.read_text()) or {}).get("storage") or {}).get("bucket")
+    if not bucket:
+        raise DemoError(f"{values}: storage.bucket is empty; the demo serves that bucket locally")
+    return bucket
+
+
+def _shard_into(gcs: FakeGcs, data: Path, uri: str) -> None:
+    """`gemma3-ray data shard DATA --to URI --apply`, the plugin's own command, against the local storage server."""
+    from gemma3_ray import cli
+    from gemma3_ray.config.clients import Clients
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(project="gemma3-ray-demo", credentials=AnonymousCredentials(),
+                            client_options={"api_endpoint": gcs.url})
+    t = time.monotonic()
+    argv = ["data", "shard", str(data), "--to", uri, "--shard-size", STREAM_SHARD_SIZE, "--apply"]
+    if cli.main(argv, Clients(project="gemma3-ray-demo", storage=client)) != 0:
+        raise DemoError(f"`gemma3-ray {' '.join(argv)}` failed (above)")
+    say(f"    streaming: gemma3-ray data shard <sample data> --to {uri} --shard-size {STREAM_SHARD_SIZE} --apply "
+        f"[{time.monotonic() - t:.1f} s]")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started_wall = time.time()
     make_start = os.environ.get("DEMO_START")
@@ -152,6 +187,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sets = dict(item.split("=", 1) for item in args.sets)
     if args.max_steps is not None:
         sets["training.max_steps"] = str(args.max_steps)
+    if args.streaming:
+        sets["training.streaming"] = "true"
+        sets.setdefault("training.streaming_decoders", "1")  # one CPU stage actor: the head offers 2 spare CPUs
     preflight(helm, args.chart, args.values, sets)  # the values, every --set, the trainer's own flag checks
     run_dir = _new_run_dir(args.output_dir)
     say(f"run directory: {run_dir}")
@@ -166,7 +204,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"tiny Gemma 3: {model_dir}; sample data: {data} ({args.rows} rows) [{time.monotonic() - t:.1f} s]")
 
     # 1. Render the chart.
-    paths = {"training.model_id": str(model_dir), "training.dataset_name": str(data)}
+    stream_uri = f"gs://{_values_bucket(args.values, sets)}/{STREAM_PREFIX}" if args.streaming else None
+    paths = {"training.model_id": str(model_dir), "training.dataset_name": stream_uri or str(data)}
     rendered = render_chart(helm, args.chart, args.values, paths, sets)
     (run_dir / "rendered.yaml").write_text(rendered)
     shown = " ".join([*(f"--set-string {k}=<built>" for k in paths), *(f"--set {k}={v}" for k, v in sets.items())])
@@ -196,6 +235,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         gcs.start()
         gcs.create_bucket(bucket)
+        if stream_uri:
+            _shard_into(gcs, data, stream_uri)
         extra_env = {
             # The trainer's gs:// storage goes to the local fake-gcs-server (objects as files on disk).
             "STORAGE_EMULATOR_HOST": gcs.url,
@@ -222,7 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             others = other_ray_processes()
             if others:
                 say("note: " + describe_other_ray(others))
-            num_cpus = args.num_cpus or max(os.cpu_count() or 1, job.num_workers)
+            num_cpus = args.num_cpus or max(os.cpu_count() or 1,
+                                             job.num_workers + (STREAM_EXTRA_CPUS if args.streaming else 0))
             t = time.monotonic()
             head = ray_head(num_cpus, run_dir / "ray-head.log", args.ray_port, args.dashboard_port)
             head.start()

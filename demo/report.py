@@ -128,6 +128,14 @@ def summary_lines(summary: dict[str, Any], to_local: Callable[[str], Path], png:
         parts = [f"{label} {start[key]:.1f}" for key, label in STARTUP_PARTS if start.get(key) is not None]
         lines.append(f"  {'job start':<20}{start['total_s']:.1f} s from {start.get('from')} to step 1"
                      f" ({', '.join(parts)} s)")
+    stream = summary.get("streaming") or {}
+    if stream:  # trainer/data/streaming.py: the rows of each epoch and the wait of each step for them
+        wait = stream.get("data_wait_s") or {}
+        epochs = "; ".join(f"epoch {e['epoch']}: {e['rows_trained']} rows, {e['rows_trained_twice']} twice"
+                           for e in stream.get("epochs") or [])
+        lines.append(f"  {'streamed':<20}{stream.get('shards')} shards; {epochs or 'no epoch recorded'}")
+        lines.append(f"  {'data wait':<20}first step {_num(wait.get('first_step'), '.2f')} s, then mean "
+                     f"{_num(wait.get('steady_mean'), '.4f')} s, max {_num(wait.get('steady_max'), '.4f')} s per step")
     if total_s is not None:
         lines.append(f"  {total_label:<20}{total_s:.1f} s")
     lines.append("=" * 72)

@@ -23,8 +23,9 @@ PYTHON=3.11
 BASE_PACKAGES=python3,python3-venv,ca-certificates,passwd,procps,iproute2,wget,netbase
 RAY_HOME=/home/ray
 # rayproject/ray carries ray[all]; the head needs what the job's driver imports there: Ray Train's
-# controller (ray.train refuses to import without its extras) and the dashboard/Jobs API (default).
-RAY_EXTRAS=default,train
+# controller (ray.train refuses to import without its extras), the dashboard/Jobs API (default) and Ray
+# Data (the streaming path reads its shards with it, #32).
+RAY_EXTRAS=default,train,data
 # The Debian mirrors: this machine's apt sources (e2e/host_config.py), unless these say otherwise.
 MIRROR=${GEMMA3_RAY_DEBIAN_MIRROR:-}
 SECURITY_MIRROR=${GEMMA3_RAY_DEBIAN_SECURITY_MIRROR:-}

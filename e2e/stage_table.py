@@ -137,6 +137,9 @@ STAGES: tuple[StageSpec, ...] = (
               "holding its quota, on flex-start, each head pod carrying its flavor's GKE node labels, and "
               "`gemma3-ray status` names B's flavor.", _f("kuberay_stages", "fallback"), requires=("kueue",),
               typical_s=120),
+    StageSpec("streaming", DAY2, "A dataset three times a worker pod's ephemeral-storage limit, sharded into the "
+              "bucket by `gemma3-ray data shard`, trains with training.streaming to SUCCEEDED, its summary showing "
+              "every row of the epoch trained once.", _f("streaming_stage", "streamed"), typical_s=600),
 )
 
 

@@ -16,7 +16,11 @@ two modes never drift apart. Ray pods never mount the trainer code: the job brin
 metadata:
   labels:
     {{- include "gemma3-ray.podLabels" (dict "root" $root "component" $component "extra" $g.podLabels) | nindent 4 }}
-  {{- with include "gemma3-ray.annotations" (dict "root" $root "extra" $g.podAnnotations) }}
+  {{- $podAnnotations := $g.podAnnotations }}
+  {{- if $v.gcsFuse.enabled }}{{/* GKE injects the Cloud Storage FUSE sidecar into pods that say so */}}
+  {{- $podAnnotations = merge (dict "gke-gcsfuse/volumes" "true") ($g.podAnnotations | default dict) }}
+  {{- end }}
+  {{- with include "gemma3-ray.annotations" (dict "root" $root "extra" $podAnnotations) }}
   annotations:
     {{- . | nindent 4 }}
   {{- end }}
@@ -103,6 +107,11 @@ spec:
         - name: dshm
           mountPath: /dev/shm
         {{- end }}
+        {{- if $v.gcsFuse.enabled }}
+        - name: gcs-fuse
+          mountPath: {{ $v.gcsFuse.mountPath | quote }}
+          readOnly: {{ $v.gcsFuse.readOnly }}
+        {{- end }}
         {{- with $g.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -121,9 +130,27 @@ spec:
         medium: Memory
         sizeLimit: {{ $v.workers.shmSize | quote }}
     {{- end }}
+    {{- if $v.gcsFuse.enabled }}
+    {{- include "gemma3-ray.gcsFuseVolume" $root | nindent 4 }}
+    {{- end }}
     {{- with $g.extraVolumes }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+{{- end -}}
+
+{{/* The Cloud Storage FUSE CSI ephemeral volume (GKE's driver): the bucket, the mount options, read-only. */}}
+{{- define "gemma3-ray.gcsFuseVolume" -}}
+{{- $f := .Values.gcsFuse -}}
+{{- $options := $f.mountOptions | default list -}}
+{{- if $f.onlyDir }}{{ $options = append $options (printf "only-dir=%s" (trimSuffix "/" $f.onlyDir)) }}{{ end -}}
+- name: gcs-fuse
+  csi:
+    driver: gcsfuse.csi.storage.gke.io
+    readOnly: {{ $f.readOnly }}
+    volumeAttributes:
+      bucketName: {{ required "gcsFuse.enabled needs gcsFuse.bucket or storage.bucket" ($f.bucket | default .Values.storage.bucket) | quote }}
+      mountOptions: {{ join "," $options | quote }}
+      gcsfuseMetadataPrefetchOnMount: {{ $f.metadataPrefetchOnMount | toString | quote }}
 {{- end -}}
 
 {{- define "gemma3-ray.rayClusterSpec" -}}

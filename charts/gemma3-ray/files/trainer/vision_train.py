@@ -36,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from trainer.job import run_definition, run_report, startup_timing, stored
+from trainer.job import run_definition, run_report, shard_manifest, startup_timing, stored
 from trainer.job.dataset_check import check_dataset_before_download
 from trainer.job.elastic import describe, ray_num_workers, run_shapes
 from trainer.job.epochs import check_known_rows
@@ -104,7 +104,12 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         if plan.finished is not None:
             return plan.finished
         storage = plan.storage
-        rows = check_dataset_before_download(args, storage.emulator_host, plan.definition["data"]["identity"])
+        stream = None
+        if args.streaming:  # the shards' manifest, their columns and every shard, before any worker starts
+            stream = shard_manifest.check_for_run(args)
+            rows = stream.rows
+        else:
+            rows = check_dataset_before_download(args, storage.emulator_host, plan.definition["data"]["identity"])
         check_known_rows(rows, args)  # too few rows: refused before any worker, model load or scan
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         backend_config=TorchBackendConfig(),
         train_loop_config={
             "args": asdict(args),
+            "stream": shard_manifest.to_config(stream) if stream is not None else None,
             "storage": asdict(storage),
             "run_name": plan.name,
             "resume_checkpoint": plan.resume_checkpoint,

@@ -92,8 +92,10 @@ class SampleEncoder:
         a_ids, a_labels = self.answer_ids(answer)
         return list(p_ids) + a_ids, [LABEL_IGNORE] * len(p_ids) + a_labels
 
-    def batch(self, encoded: list[tuple[list[int], list[int]]], images: list[Any]) -> dict[str, Any]:
-        """Pads encoded rows into one micro-batch with their images' pixels."""
+    def batch(self, encoded: list[tuple[list[int], list[int]]], images: list[Any] | None,
+              pixel_values: Any = None) -> dict[str, Any]:
+        """Pads encoded rows into one micro-batch with their images' pixels (`pixel_values`: the image processor's
+        output for them, made elsewhere: the streaming path's CPU stage)."""
         import torch
 
         seqs, labels = [ids for ids, _ in encoded], [lab for _, lab in encoded]
@@ -105,7 +107,8 @@ class SampleEncoder:
             "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in seqs]),
             "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs]),
             "labels": torch.tensor([lab + [LABEL_IGNORE] * (width - len(lab)) for lab in labels]),
-            "pixel_values": self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"],
+            "pixel_values": torch.from_numpy(pixel_values) if pixel_values is not None else
+            self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"],
         }
         # Gemma 3 attends bidirectionally within an image: token_type_ids marks its soft tokens.
         batch["token_type_ids"] = (batch["input_ids"] == self.soft_token_id).long()

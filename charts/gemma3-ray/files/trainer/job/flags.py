@@ -187,6 +187,19 @@ class TrainArguments:
                                         "TRL's metrics read when logged (default: from --recipe).")
     image_feature_cache_gib: float = flag(
         8.0, "With freeze_vision: GPU memory for image features reused across epochs (0: off).", min=0)
+    streaming: bool = flag(
+        False, "Stream the rows through Ray Data from the shards `gemma3-ray data shard` wrote (dataset_name: their "
+               "gs:// prefix or directory, with manifest.json): no copy of the data on any node and no scan before "
+               "step 1; bad rows are skipped as they come (false: the data files are copied to each node and scanned "
+               "once per run, best for data that fits).")
+    streaming_shuffle_window: int = flag(
+        1024, "Streaming: rows in each worker's shuffle window (Ray Data's local shuffle buffer) after the "
+              "per-epoch shard order; 0 keeps the manifest's order (no shuffle).", min=0)
+    streaming_decoders: int = flag(
+        2, "Streaming: Ray Data actors (one CPU each) that check, decode, process and tokenise the rows.", min=1)
+    streaming_object_store_gib: float = flag(
+        4.0, "Streaming: object store memory the stream may hold (Ray Data waits beyond it instead of spilling; "
+             "0: Ray Data's default).", min=0)
     sample_rows: int = flag(8, "Eval rows (fixed, spread over the split) whose description the end of the run "
                                "generates with the base model and with the adapter: samples.jsonl, report.html "
                                "(0: none).", min=0)
@@ -207,7 +220,7 @@ RESTART_FREE = (
     "output_dir", "gcs_bucket", "storage_path", "run_name", "resume_from",
     "logging_steps", "eval_steps", "save_strategy", "save_steps", "save_total_limit",
     "num_workers", "min_workers", "per_device_train_batch_size", "accelerator_type", "installer", "extra_pip",
-    "max_failures", "cache_dir", "dataloader_num_workers",
+    "max_failures", "cache_dir", "dataloader_num_workers", "streaming_decoders", "streaming_object_store_gib",
     "recipe", "attn_implementation", "gradient_checkpointing", "use_liger_kernel", "compile_vision", "fused_lora",
     "vision_attention", "lm_attention", "lean_step", "image_feature_cache_gib",
     "push_to_hub", "hub_model_id", "merge_adapter", "sample_rows", "sample_max_new_tokens", "sample_batch_size",
@@ -253,6 +266,9 @@ CONFLICTS: list[tuple[Callable[[TrainArguments], Any], str]] = [
      "e.g. --run_name=r3-20260101-120000"),
     (lambda a: a.resume_from and not is_checkpoint_path(a.resume_from) and not RUN_NAME_PATTERN.fullmatch(a.resume_from),
      "resume_from={a.resume_from!r} is neither a run name nor a gs:// or local checkpoint path"),
+    (lambda a: a.streaming and not a.dataset_name.startswith(("gs://", "/", ".")) and not os.path.isdir(a.dataset_name),
+     "streaming=true reads shards: set dataset_name to their gs:// prefix (write them with `gemma3-ray data shard "
+     "{a.dataset_name} --to gs://BUCKET/PREFIX --apply`)"),
     (lambda a: a.installer == "none" and a.extra_pip.strip() not in ("", "[]"),
      "extra_pip={a.extra_pip} needs --installer=uv or pip (with installer none the workers install nothing)"),
     (lambda a: a.resume_from and a.resume_from == a.run_name,

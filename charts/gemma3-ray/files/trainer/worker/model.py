@@ -82,7 +82,7 @@ def lora_config(args: TrainArguments):
     )
 
 
-def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool, batch: BatchShape):
+def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool, batch: BatchShape, max_steps: int | None = None):
     from trl import SFTConfig
 
     eval_kwargs: dict[str, Any] = {"eval_strategy": "no"}
@@ -96,7 +96,8 @@ def sft_config(args: TrainArguments, local_dir: Path, has_eval: bool, batch: Bat
     return SFTConfig(
         output_dir=str(local_dir),
         num_train_epochs=args.num_train_epochs,
-        max_steps=args.max_steps,
+        max_steps=args.max_steps if max_steps is None else max_steps,
+        ignore_data_skip=max_steps is not None,  # the streaming path starts where its stream state says
         per_device_train_batch_size=batch.micro_batch,
         per_device_eval_batch_size=batch.micro_batch,
         gradient_accumulation_steps=batch.accumulation,
@@ -178,7 +179,7 @@ def token_mean_eval(trainer_cls):
 
 def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device, emulator_host: str | None,
                   batch: BatchShape | None = None, callbacks: list | None = None, skip_log: Path | None = None,
-                  scan_group=None):
+                  scan_group=None, stream=None):
     """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests, bench): `batch`
     defaults to the global batch split over num_workers; `scan_group`: the run's workers (data.prepare_data)."""
     batch = batch or split_batch(args.global_batch_size, args.per_device_train_batch_size, args.num_workers)
@@ -192,7 +193,14 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     with ThreadPoolExecutor(1, thread_name_prefix="load_model") as pool:
         loading = pool.submit(_load_model_on, args, model_dir, device, _current_cuda_index(device))
         with startup_timing.phase(startup_timing.DATA):
-            train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group, skip_log)
+            if stream is not None:  # the streaming path (trainer.data.streaming): no copy, no scan
+                from trainer.data import streaming
+
+                batches, evaluation, collator, stats, stream_callback, plan = streaming.prepare_stream(
+                    args, processor, stream, batch.micro_batch, batch.accumulation)
+                callbacks = [stream_callback, *(callbacks or [])]  # before the reporter: data_wait_s, stream state
+            else:
+                train, evaluation, collator, stats = prepare_data(args, processor, emulator_host, scan_group, skip_log)
         with startup_timing.phase(startup_timing.MODEL):
             model = loading.result()
     model_image_token = getattr(model.config, "image_token_id", None)
@@ -209,9 +217,18 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
 
         model = get_peft_model(model, peft_config, autocast_adapter_dtype=False)
         peft_config = None
-    trainer = token_mean_eval(whole_batches(SFTTrainer, batch.global_batch))(  # each row once per epoch
+    if stream is not None:
+        import datasets
+
+        trainer_cls = streaming.streaming_trainer(SFTTrainer, batches)  # each row once per epoch, streamed
+        train = datasets.Dataset.from_list([{k: None for k in evaluation.column_names}] if evaluation is not None
+                                           else [{"image": None}])  # TRL's vision check only: never trained
+        steps = streaming.max_steps(args, plan)
+    else:
+        trainer_cls, steps = whole_batches(SFTTrainer, batch.global_batch), None  # each row once per epoch
+    trainer = token_mean_eval(trainer_cls)(
         model=model,
-        args=sft_config(args, local_dir, evaluation is not None, batch),
+        args=sft_config(args, local_dir, evaluation is not None, batch, steps),
         data_collator=collator,
         train_dataset=train,
         eval_dataset=evaluation,
@@ -226,6 +243,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     # Gemma3ForConditionalGeneration.forward. (Position 0 is `<bos>`, never labelled, so counting over
     # `labels` or `labels[:, 1:]` is the same.)
     trainer.model_accepts_loss_kwargs = True
+    trainer.stream = (batches, plan) if stream is not None else None
     from trainer.speed import speed_levers
 
     trainer.speed_levers = speed_levers.apply(args, trainer.model, trainer)

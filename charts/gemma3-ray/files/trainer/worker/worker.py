@@ -100,9 +100,10 @@ def train(config: dict[str, Any]) -> None:
             callbacks.append(first_step_callback(rank))  # prints the split at step 1 (rank 0)
             callbacks.append(refresh)
             callbacks.append(current_flags_callback())  # the flags of this job win over the checkpoint's
-            trainer, processor, stats = build_trainer(args, model_dir, local_dir, device, storage.emulator_host,
-                                                      batch, callbacks, skip_log,
-                                                      ScanGroup.of_ray_worker(storage, data_identity(config)))
+            stream = stream_setup(config, storage, resume, rank, world_size) if config.get("stream") else None
+            trainer, processor, stats = build_trainer(
+                args, model_dir, local_dir, device, storage.emulator_host, batch, callbacks, skip_log,
+                None if stream else ScanGroup.of_ray_worker(storage, data_identity(config)), stream=stream)
             refresh.trainer, refresh.stats = trainer, stats
             segments = record_segment(storage, resume.step or 0, world_size, batch) if rank == 0 else []
             check_rows(stats["train_rows"], batch.global_batch, f"of {stats['rows']} rows, "
@@ -121,7 +122,18 @@ def train(config: dict[str, Any]) -> None:
             if line:
                 print(line, flush=True)
             trainer.model.print_trainable_parameters()
-        result = trainer.train(resume_from_checkpoint=resume.directory)
+        try:
+            result = trainer.train(resume_from_checkpoint=resume.directory)
+        except Exception as e:  # bad_rows=fail met a bad row in the stream: one sentence, no retry, no traceback
+            from trainer.data.streaming import bad_row_stop
+
+            sentence = bad_row_stop(e)
+            if sentence is None:
+                raise
+            storage.write_bytes(USAGE_ERROR_FILE, sentence.encode())
+            if world_size > 1:
+                stop_all_ranks(sentence)
+            return
     # The same decision on every rank (evaluation is collective): from the trainer state, not rank 0's records.
     evaluated_last = any(
         "eval_loss" in h and h.get("step") == trainer.state.global_step for h in trainer.state.log_history
@@ -129,6 +141,8 @@ def train(config: dict[str, Any]) -> None:
     final_eval = trainer.evaluate() if trainer.eval_dataset is not None and not evaluated_last else {}
 
     skipped = skipped_in_training(skip_log, world_size)
+    if trainer.stream is not None:
+        trainer.stream[0].close()  # every rank: the record of an epoch max_steps cut short
     summary: dict[str, Any] = {}
     if rank == 0:
         extra = {"run_name": config["run_name"], "resumed_from_step": resume.step,
@@ -138,12 +152,58 @@ def train(config: dict[str, Any]) -> None:
                  "skipped_in_training": count_by_reason(skipped), "skipped_in_training_row_ids": some_row_ids(skipped),
                  "startup": startup_timing.split(), "definition": config.get("definition"),
                  "batch_shapes": segments}
+        if trainer.stream is not None:
+            streamed = stream_summary(trainer, storage, stats, args)
+            extra["streaming"] = streamed
         line = skipped_line(extra["skipped_in_training"], extra["skipped_in_training_row_ids"], "in training")
         if line:
             print(line, flush=True)
         summary = finish(ctx, trainer, processor, stats, reporter, result, final_eval, extra)
     ray.train.report({"step": trainer.state.global_step, "done": True, **{k: v for k, v in summary.items()
                                                                           if isinstance(v, int | float)}})
+
+
+def stream_setup(config: dict[str, Any], storage: Storage, resume, rank: int, world_size: int):
+    """The streaming path of this worker (trainer.data.streaming): the driver's checked shards, the group's
+    collectives, and where the newest checkpoint's stream state says to go on."""
+    from ray.train.collective import broadcast_from_rank_zero
+
+    from trainer.data.streaming import STATE_FILE, StreamSetup, StreamState
+    from trainer.worker.metrics import gather
+
+    args = TrainArguments(**config["args"])
+    state = None
+    if resume.directory:
+        path = Path(resume.directory) / STATE_FILE
+        state = StreamState.from_json(path.read_bytes() if path.is_file() else None)
+        if state is None and rank == 0:
+            print(f"[stream] checkpoint {resume.uri} has no usable {STATE_FILE}: the stream starts at epoch 0",
+                  flush=True)
+    import ray
+
+    return StreamSetup(shards=config["stream"], storage=storage, rank=rank, world_size=world_size,
+                       broadcast=broadcast_from_rank_zero, gather=gather, state=state, start_step=resume.step or 0,
+                       decoders=args.streaming_decoders,
+                       object_store_bytes=int(args.streaming_object_store_gib * 2**30) or None,
+                       node_ids=gather(ray.get_runtime_context().get_node_id()))  # the CPU stage's nodes
+
+
+def stream_summary(trainer, storage: Storage, stats: dict[str, Any], args: TrainArguments) -> dict[str, Any]:
+    """Rank 0 at the end of a streamed run: the rows its CPU stages skipped (counted by reason, with row ids, as the
+    scan counts them) into the stats, and the stream's section of summary.json, also logged."""
+    from trainer.data import streaming
+
+    batches, plan = trainer.stream
+    skipped = streaming.skipped_rows(storage)
+    for row, reason in (stats.pop("eval_skipped", None) or {}).items():
+        skipped.setdefault(reason, []).append(row)
+    stats["skipped_rows"], stats["skipped_row_ids"] = count_by_reason(skipped), some_row_ids(skipped)
+    line = skipped_line(stats["skipped_rows"], stats["skipped_row_ids"], "as they streamed")
+    if line:
+        print(line, flush=True)
+    section = streaming.summary_section(plan, batches, args)
+    print(f"[stream] {json.dumps(section)}", flush=True)
+    return section
 
 
 def record_segment(storage: Storage, start: int, world_size: int, batch: BatchShape) -> list[dict[str, int]]:

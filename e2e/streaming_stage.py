@@ -1,0 +1,98 @@
+"""make e2e stage 'streaming' (#32): a dataset three times a worker pod's ephemeral-storage limit, sharded into the
+bucket by the plugin's `data shard`, streamed by the trainer (training.streaming) to SUCCEEDED, every row once.
+
+The rows carry 1024 x 1024 noise images (PNG cannot compress noise: ~3 MiB each), so the shards' bytes are what
+a copy to the node would cost; the worker pods' ephemeral-storage limit is a third of them, so a copy (or a
+spill of the whole dataset) would get the pod evicted by the kubelet. The summary's streaming.epochs shows
+every row of the epoch trained once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from e2e.harness import BUCKET, Harness
+from e2e.kube import StageError
+
+NAMESPACE = "g3r-e2e-stream"
+RELEASE = "e2e-stream"
+ROWS = 256
+SIDE = 1024
+EPHEMERAL_LIMIT_MIB = 256
+GLOBAL_BATCH = 8  # 2 workers x 1 x 4
+DATA_URI = f"gs://{BUCKET}/inputs/streamed-products"
+
+
+def _noise_rows(out: Path) -> Path:
+    """ROWS rows in the tutorial's schema whose images are SIDE x SIDE RGB noise (incompressible), as parquet."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    writer = None
+    path = out / "noise-products.parquet"
+    out.mkdir(parents=True, exist_ok=True)
+    for start in range(0, ROWS, 16):
+        rows = []
+        for i in range(start, min(start + 16, ROWS)):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(buf, format="PNG")
+            rows.append({"Product Name": f"Noise Print {i}", "Category": "Home & Kitchen | Wall Art",
+                         "image": {"bytes": buf.getvalue(), "path": f"noise-{i:05d}.png"},
+                         "description": f"A print of random noise, number {i}."})
+        table = pa.Table.from_pylist(rows)
+        writer = writer or pq.ParquetWriter(str(path), table.schema)
+        writer.write_table(table)
+    writer.close()
+    return path
+
+
+def _shard(h: Harness, source: Path) -> dict:
+    from gemma3_ray import cli
+    from gemma3_ray.config.clients import Clients
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(project="gemma3-ray-e2e", credentials=AnonymousCredentials(),
+                            client_options={"api_endpoint": h.storage.url})
+    argv = ["data", "shard", str(source), "--to", DATA_URI, "--shard-size", "64MiB", "--apply"]
+    if cli.main(argv, Clients(project="gemma3-ray-e2e", storage=client)) != 0:
+        raise StageError(f"`gemma3-ray {' '.join(argv)}` failed")
+    return json.loads(h.storage.path(f"{DATA_URI}/manifest.json").read_text())
+
+
+def streamed(h: Harness) -> str:
+    manifest = _shard(h, _noise_rows(h.out_dir / "streaming-inputs"))
+    data_bytes = sum(s["bytes"] for s in manifest["shards"])
+    limit = EPHEMERAL_LIMIT_MIB * 2**20
+    if data_bytes < 3 * limit:
+        raise StageError(f"the shards hold {data_bytes} bytes, less than 3 x the {EPHEMERAL_LIMIT_MIB} MiB limit")
+    ns = h.namespace(NAMESPACE)
+    steps = ROWS // GLOBAL_BATCH
+    run = h.helm_install(RELEASE, ns, sets={
+        "training.streaming": "true", "training.dataset_name": DATA_URI, "training.streaming_decoders": 1,
+        "training.streaming_object_store_gib": "0.25", "training.eval_fraction": 0, "training.max_steps": steps,
+        "training.global_batch_size": GLOBAL_BATCH, "training.per_device_train_batch_size": 1,
+        "training.save_steps": steps, "training.eval_steps": steps, "training.sample_rows": 0,
+        # one CPU for the Ray Train worker, one for the CPU stage (the head offers none)
+        "workers.resources.limits.cpu": 2,
+        "workers.resources.limits.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi",
+        "workers.resources.requests.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi"})
+    h.wait_run(run, timeout=1500)
+    summary = h.summary(run)
+    stream = summary.get("streaming") or {}
+    epochs = stream.get("epochs") or []
+    seen = epochs[0] if epochs else {}
+    h.record.facts["streaming"] = {"data_bytes": data_bytes, "ephemeral_limit": limit, "epochs": epochs,
+                                   "data_wait_s": stream.get("data_wait_s")}
+    if summary.get("global_step") != steps or seen.get("rows_trained") != ROWS or seen.get("rows_trained_twice"):
+        raise StageError(f"{run.run_uri}: step {summary.get('global_step')} of {steps}, epoch 0 {seen or 'missing'}: "
+                         f"not every one of the {ROWS} rows once")
+    wait = stream.get("data_wait_s") or {}
+    return (f"{data_bytes / 2**20:.0f} MiB of shards ({len(manifest['shards'])}) streamed by workers limited to "
+            f"{EPHEMERAL_LIMIT_MIB} MiB of ephemeral storage: SUCCEEDED at step {steps}, {ROWS} rows once each; data "
+            f"wait {wait.get('first_step')} s at step 1, then {wait.get('steady_mean')} s per step")

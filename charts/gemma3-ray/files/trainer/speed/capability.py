@@ -10,12 +10,12 @@ never a kernel tuned for another chip). What each choice was measured on is `PRO
 | `fused_lora` | Triton kernels, self-tested at start | same | same | PEFT's layer |
 | `siglip_attention` | SDPA's order (FlashAttention-2 first) | FA4 when installed, else cuDNN | FA4 when installed, else cuDNN | SDPA's order |
 | `lm_attention` | SDPA (Transformers' path) | cuDNN with grouped kv heads | cuDNN with grouped kv heads | SDPA |
-| `layer_norm` | frozen LayerNorm (Triton) | same | same | the model's own LayerNorm |
 
-The Triton kernels (fused LoRA, frozen LayerNorm) use no architecture-specific instruction: Triton compiles
-them for the device at hand, and their tiles (64-128 columns, 32-64 rows) fit the shared memory of every
-architecture named here (100 KB and up). cuDNN and FA4 pick their own kernels per architecture; FA4 (CuTe DSL)
-builds for sm90 and sm100 only. Standard library only: the driver may import this module.
+The fused LoRA kernels use no architecture-specific instruction: Triton compiles them for the device at hand,
+and their tiles (64-128 columns, 32-64 rows) fit the shared memory of every architecture named here (100 KB and
+up). cuDNN and FA4 pick their own kernels per architecture; FA4 (CuTe DSL) builds for sm90 and sm100 only, and
+runs SigLIP's head dim 72 zero-padded to 96 (at 72 its sm90 backward gave a wrong dq). The frozen LayerNorm
+(`frozen_norm.py`) is PyTorch's own kernel everywhere. Standard library only: the driver may import this module.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ HOPPER = {(9, 0)}
 BLACKWELL = {(10, 0), (10, 3)}
 KNOWN = AMPERE_ADA | HOPPER | BLACKWELL
 
-PATHS = ("fused_lora", "siglip_attention", "lm_attention", "layer_norm")
+PATHS = ("fused_lora", "siglip_attention", "lm_attention")
 
 # Where each (path, kernel) was measured on a GPU: bench/results/<call>.jsonl rows. Paths not named here are
 # chosen by the table above but unproven on that architecture (the README says so).
@@ -53,7 +53,6 @@ FALLBACK = {
     "fused_lora": "peft",
     "siglip_attention": "sdpa",
     "lm_attention": "sdpa",
-    "layer_norm": "module",
 }
 
 
@@ -72,7 +71,7 @@ def choose(path: str, capability: tuple[int, int] | None, available: frozenset[s
     if tuple(capability) not in KNOWN:
         return Choice(path, FALLBACK[path], f"{name} is not in the table: the portable path")
     cap = tuple(capability)
-    if path in ("fused_lora", "layer_norm"):
+    if path == "fused_lora":
         return Choice(path, "triton", f"{name}: Triton compiles the kernels for it")
     if path == "siglip_attention":
         if cap in HOPPER | BLACKWELL:

@@ -19,18 +19,35 @@ from typing import Any
 MARK = "_gemma3_ray_fa4"
 
 
-def attention_bhsd(q, k, v, scale: float | None = None):
-    """softmax(q k^T * scale) v for q, k, v [B, H, S, D] (no mask): FA4 in its [B, S, H, D] layout, the output
-    back as [B, H, S, D]."""
+PAD_TO = 96  # head dim FA4 runs at: 72 gave a wrong dq on sm90 (flash-attn-4 4.0.0b36, 2026-12-02 kernels call)
+
+
+def padded_dim(d: int, pad_to: int | None) -> int:
+    return max(d, pad_to) if pad_to else d
+
+
+def attention_bhsd(q, k, v, scale: float | None = None, pad_to: int | None = PAD_TO):
+    """softmax(q k^T * scale) v for q, k, v [B, H, S, D] (no mask): FA4 in its [B, S, H, D] layout, the head dim
+    zero-padded to `pad_to` (the same scores and output: zero columns add nothing to q k^T, and the output's
+    extra columns are dropped), the output back as [B, H, S, D]."""
+    import torch.nn.functional as F
     from flash_attn.cute import flash_attn_func
 
-    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale)
+    d = q.shape[-1]
+    scale = d ** -0.5 if scale is None else scale
+    width = padded_dim(d, pad_to)
+
+    def bshd(t):
+        t = t.transpose(1, 2)
+        return F.pad(t, (0, width - d)) if width > d else t
+
+    out = flash_attn_func(bshd(q), bshd(k), bshd(v), softmax_scale=scale)
     if isinstance(out, tuple):
         out = out[0]
-    return out.transpose(1, 2)
+    return out[..., :d].transpose(1, 2)
 
 
-def self_test(head_dim: int = 72, dtype_name: str = "bfloat16") -> dict[str, Any]:
+def self_test(head_dim: int = 72, dtype_name: str = "bfloat16", pad_to: int | None = PAD_TO) -> dict[str, Any]:
     """FA4 forward and backward at a small SigLIP-like shape against SDPA (math backend, float32): relative
     errors, or the error that stops routing."""
     import torch
@@ -47,7 +64,7 @@ def self_test(head_dim: int = 72, dtype_name: str = "bfloat16") -> dict[str, Any
         out_ref = F.scaled_dot_product_attention(*ref, scale=scale)
     grads_ref = torch.autograd.grad(out_ref, ref, dout)
     low = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-    out = attention_bhsd(*low, scale)
+    out = attention_bhsd(*low, scale, pad_to)
     grads = torch.autograd.grad(out, low, dout.to(dtype))
     errors = {"out": float((out.float() - out_ref).norm() / out_ref.norm())}
     for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ref, strict=True):

@@ -26,8 +26,8 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            if r.get("kind") == "kernel_check":
-                continue  # kernel checks are checked, not tabled
+            if r.get("kind", "row") != "row":
+                continue  # kernel checks, summaries, metrics: checked or cited, not tabled
             rows[r.get("scenario") or r["name"]] = r
     return rows
 

@@ -47,6 +47,20 @@ def attention_bhsd(q, k, v, scale: float | None = None, pad_to: int | None = PAD
     return out[..., :d].transpose(1, 2)
 
 
+def cache_with_triton() -> str | None:
+    """FA4 keeps its compiled kernels beside Triton's (`TRITON_CACHE_DIR`, which `compile_cache` restores from and
+    stores to the release's storage), so a later pod skips their JIT; set before FA4 is first imported."""
+    import os
+    import sys
+
+    triton_dir = os.environ.get("TRITON_CACHE_DIR")
+    if not triton_dir or "flash_attn.cute" in sys.modules:
+        return None
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(triton_dir, "fa4"))
+    return os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"]
+
+
 def self_test(head_dim: int = 72, dtype_name: str = "bfloat16", pad_to: int | None = PAD_TO) -> dict[str, Any]:
     """FA4 forward and backward at a small SigLIP-like shape against SDPA (math backend, float32): relative
     errors, or the error that stops routing."""

@@ -69,7 +69,7 @@ e2e-parts: e2e-packages  ## build the cluster's parts from their Go modules once
 	e2e/parts.sh build
 
 sync-trainer:  ## the trainer's flags into the chart's `training:` schema (trainer/ is the chart's files/trainer)
-	$(PY) scripts/sync_trainer_schema.py
+	$(PY) -m scripts.sync_trainer_schema
 
 lint: setup  ## ruff
 	$(PY) -m ruff check .

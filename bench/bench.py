@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "trainer"))
+# The checkout: the `trainer` and `demo` packages.
 sys.path.insert(0, str(ROOT))
 
 PEAK_BF16_FLOPS = 989e12
@@ -221,11 +221,12 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
     `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train(). `profile`: one more
     step, after the timed ones, under torch.profiler (bench/profile_step.py), written beside `out`."""
     import torch
-    from flags import parse_args as parse_trainer_args
-    from model import build_trainer
     from step_timer import StepTimer  # bench/, beside this script
     from transformers import AutoConfig, AutoProcessor
-    from worker import CUDA_ALLOC_CONF
+
+    from trainer.job.flags import parse_args as parse_trainer_args
+    from trainer.worker.model import build_trainer
+    from trainer.worker.worker import CUDA_ALLOC_CONF
 
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)  # as the trainer's workers do

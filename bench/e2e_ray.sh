@@ -10,11 +10,11 @@ W=${BENCH_WORK:-/tmp/gemma3-bench}
 data=$(python3 bench/bench.py data --rows "${E2E_ROWS:-600}" | tail -n1)
 steps=${E2E_STEPS:-30}
 export RAY_AUTH_MODE=disabled  # a private single-machine cluster started by this job
-# No Jobs API here: the job start split (trainer/startup_timing.py) counts from this launch.
+# No Jobs API here: the job start split (trainer/job/startup_timing.py) counts from this launch.
 export GEMMA3_RAY_SUBMITTED_AT=$(date +%s.%N)
-python3 trainer/vision_train.py --model_id="$W/gemma3-4b-random" --dataset_name="$data" \
+python3 -m trainer.vision_train --model_id="$W/gemma3-4b-random" --dataset_name="$data" \
   --num_workers="$n" --max_steps="$steps" --save_strategy=steps --save_steps="$steps" --logging_steps=5 \
   --eval_fraction=0.05 --storage_path="/tmp/e2e-$n" "$@"
 # The job start split again, from the run's summary.json (the log printed it at the first step).
 summary=$(ls -t /tmp/e2e-"$n"/runs/*/summary.json 2>/dev/null | head -n1 || true)
-if [ -n "$summary" ]; then python3 trainer/startup_timing.py "$summary" || true; fi
+if [ -n "$summary" ]; then python3 -m trainer.job.startup_timing "$summary" || true; fi

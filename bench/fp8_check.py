@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "trainer"))
 
 # (name, rows M = tokens or patches of a 16-sample micro-batch, in K, out N)
 SHAPES = (

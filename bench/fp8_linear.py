@@ -10,7 +10,7 @@ quantization eating the e4m3 matmul's gain: fuse it into the op that produces x 
 tensor), and the FP8 vs bf16 loss over >= 200 steps of the same batches, with the curves and the max
 relative gap.
 
-Every base weight W [N, K] under a fused LoRA layer (trainer/fast_lora.py) is quantized once, with one
+Every base weight W [N, K] under a fused LoRA layer (trainer/speed/fast_lora.py) is quantized once, with one
 scale per channel, into two e4m3 copies laid out for the two matmuls that use it:
 
 - forward `y = x @ W^T`: W itself, one scale per output channel (row of W);
@@ -125,7 +125,7 @@ def _mm(a, b_q, b_scale):
 
 def apply(model) -> dict[str, Any]:
     """Give every PEFT LoRA Linear of `model` whose base is a plain frozen Linear its FP8 copies (the fused
-    layer of trainer/fast_lora.py reads them as `base_matmuls`); returns how many and their bytes."""
+    layer of trainer/speed/fast_lora.py reads them as `base_matmuls`); returns how many and their bytes."""
     import torch
     from peft.tuners.lora import Linear as LoraLinear
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU check of the speed levers' kernels: correctness against a float32 reference, then timings.
 
-- fused LoRA (trainer/fast_lora.py, fast_lora_kernels.py): the kernels' mask bits equal `keep_bits`; a
+- fused LoRA (trainer/speed/fast_lora.py, fast_lora_kernels.py): the kernels' mask bits equal `keep_bits`; a
   group's forward and the gradients of x, A and B match the explicit formula (float32, same masks);
   `lora_fwd`/`lora_bwd` alone at Gemma 3 4B's shapes (micro-batch 16) over a sweep of tile configs, in ms
   and GB/s, and the per-step projection (4 micro-batches of all 400 LoRA layers) of the best configs;
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "trainer"))
+# The checkout: `trainer.speed` imports as the package there.
+sys.path.insert(0, str(ROOT))
 
 # (name, rows, in features, members): the LoRA groups of Gemma 3 4B at micro-batch 16 (408 tokens per sample)
 SHAPES = (("siglip_qkv", 65536, 1152, 3), ("siglip_o_fc1", 65536, 1152, 1), ("siglip_fc2", 65536, 4304, 1),
@@ -49,8 +50,9 @@ def bench_ms(fn) -> float:
 
 
 def check_lora_correct(res: dict) -> None:
-    import fast_lora
     import torch
+
+    from trainer.speed import fast_lora
 
     dev = "cuda"
     torch.manual_seed(0)
@@ -88,10 +90,11 @@ def check_lora_correct(res: dict) -> None:
 
 def _time_shape(m: int, k: int, n: int) -> dict:
     """lora_fwd/lora_bwd alone on one group shape over the config sweep, and as the trainer launches them."""
-    import fast_lora
     import torch
     import triton
-    from fast_lora_kernels import lora_bwd, lora_fwd
+
+    from trainer.speed import fast_lora
+    from trainer.speed.fast_lora_kernels import lora_bwd, lora_fwd
 
     dev = "cuda"
     kb8 = -(-k // 8)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scale benchmark (CPU): the trainer's data start-up on many rows with gs:// images on fake-gcs-server.
 
-What runs is the trainer's own data path inside Ray Train workers (``data.prepare_data``: the rows from
+What runs is the trainer's own data path inside Ray Train workers (``trainer.data.dataset.prepare_data``: the rows from
 gs://, the bad-row scan kept with the run, the node cache of images), without a model. Two starts of the
 same run on the same node:
 
@@ -33,20 +33,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER = ROOT / "trainer"
 BUCKET = "gemma3-ray-bench"
 KIB = 1024
 
 
 def worker_prepare(config: dict[str, Any]) -> None:
     """Ray Train worker: the trainer's data preparation, timed; one JSON line per worker into `out`."""
-    sys.path[:0] = [config["trainer"]]
     import ray.train
-    from data import prepare_data
-    from flags import parse_args
-    from scan_store import ScanGroup
-    from storage import Storage
     from transformers import AutoProcessor
+
+    from trainer.data.dataset import prepare_data
+    from trainer.data.scan_store import ScanGroup
+    from trainer.job.flags import parse_args
+    from trainer.job.storage import Storage
 
     ctx = ray.train.get_context()
     rss_before = _rss_kib()
@@ -79,7 +78,7 @@ def main() -> None:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray is imported
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a throw-away cluster of this process only
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    sys.path[:0] = [str(ROOT), str(TRAINER)]
+    sys.path[:0] = [str(ROOT)]
     from scale_data import FakeGcs, write_dataset  # beside this script (bench/ is not a package)
 
     from demo.tiny_model import build_tiny_gemma3
@@ -120,7 +119,7 @@ def run_starts(opts, emulator: str, data_uri: str, model: Path, work: Path) -> l
              # every Ray process of the job (Ray Train's sync actor unpickles the trainer's objects too)
              # imports the trainer from the checkout, as the chart's working_dir gives the real job
              runtime_env={"env_vars": {"STORAGE_EMULATOR_HOST": emulator,
-                                       "PYTHONPATH": os.pathsep.join([str(TRAINER), str(ROOT)])}})
+                                       "PYTHONPATH": str(ROOT)}})
     out = work / "workers.jsonl"
     run_root = f"gs://{BUCKET}/runs/bench"
     flags = [f"--model_id={model}", f"--dataset_name={data_uri}", f"--cache_dir={work / 'node-cache'}",
@@ -129,7 +128,7 @@ def run_starts(opts, emulator: str, data_uri: str, model: Path, work: Path) -> l
         for start in ("first", "restart"):
             trainer = TorchTrainer(
                 worker_prepare,
-                train_loop_config={"trainer": str(TRAINER), "flags": flags, "model": str(model), "out": str(out),
+                train_loop_config={"flags": flags, "model": str(model), "out": str(out),
                                    "run_root": run_root, "emulator": emulator, "start": start},
                 scaling_config=ray.train.ScalingConfig(num_workers=opts.workers, resources_per_worker={"CPU": 1}),
                 run_config=ray.train.RunConfig(name=f"scale-{start}", storage_path=str(work / "ray-results")),

@@ -174,11 +174,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     # 2. The trainer files, entry point and runtime env the chart would run.
     job = parse_chart_job(rendered)
-    trainer_dir = run_dir / "trainer"
+    trainer_dir = run_dir / "working_dir"  # the submitter's mount of the ConfigMap: it holds the package trainer/
     written = write_files(job, trainer_dir)
     entrypoint = as_kuberay_submits(local_entrypoint(job))
-    say(f"2/4 ConfigMap {job.configmap_name}: {', '.join(p.name for p in written)} -> {trainer_dir} "
-        "(the kubelet's ..data layout)")
+    folders = sorted({str(p.parent.relative_to(trainer_dir)) for p in written})
+    say(f"2/4 ConfigMap {job.configmap_name}: {len(written)} files in {', '.join(folders)} -> {trainer_dir} "
+        "(the volume's items, in the kubelet's ..data layout)")
     say(f"    RayJob entry point, as KubeRay's submitter passes it, with --installer=none (see the runtime env "
         f"below) (run in the job's working directory: the "
         f"ConfigMap's files, mounted at {job.mount_path} in the submitter pod):")

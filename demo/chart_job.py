@@ -3,18 +3,18 @@
 ``helm template`` renders the chart; this module takes the trainer files from the rendered trainer
 ConfigMap, the entry point and runtime environment from the rendered RayJob, and the path where the
 job submitter pod mounts that ConfigMap (the runtime env's working_dir, which ``ray job submit``
-uploads) from the RayJob's submitter pod template. Nothing here knows the chart's internals beyond
-the Kubernetes objects it renders.
+uploads) with the volume's items (each flat key's path in the package's folders) from the RayJob's
+submitter pod template. Nothing here knows the chart's internals beyond the Kubernetes objects it renders.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 TRAINER_COMPONENT = "trainer-code"
-ENTRY_SCRIPT = "vision_train.py"
+ENTRY_MODULE = "trainer.vision_train"  # the entry point runs `python -m trainer.vision_train` in the working_dir
 # Packages whose local build may differ from the pin: CPU machines use the local CPU torch wheel.
 PIN_EXEMPT = {"torch": "the local CPU build; the pin is the GPU image's"}
 # The trainer's flag naming what the Ray Train workers install (chart: dependencies and
@@ -31,7 +31,13 @@ PIN_EXEMPT = {"torch": "the local CPU build; the pin is the GPU image's"}
 INSTALLER_FLAG = "installer"
 NO_INSTALLER = "none"
 EXTRA_PIP_FLAG = "extra_pip"
-WORKER_ENV_MODULE = "worker_runtime_env.py"  # the trainer's module that builds the workers' runtime env
+WORKER_ENV_MODULE = "trainer.job.worker_runtime_env"  # the trainer's module that builds the workers' runtime env
+# Run in the working directory (the ConfigMap's files as the kubelet writes them): that copy's own code.
+WORKER_ENV_CALL = """
+import json, sys
+from trainer.job.worker_runtime_env import worker_runtime_env
+print(json.dumps(worker_runtime_env(sys.argv[1], json.loads(sys.argv[2]))))
+"""
 
 
 class DemoError(RuntimeError):
@@ -55,6 +61,7 @@ class ChartJob:
     configmap_name: str
     files: dict[str, str]
     mount_path: str  # where the submitter pod mounts the ConfigMap: the runtime env's working_dir
+    items: dict[str, str]  # ConfigMap key -> its path under mount_path (the volume's items)
     entrypoint: str
     runtime_env: dict[str, Any]
     flags: dict[str, str] = field(default_factory=dict)
@@ -145,6 +152,23 @@ def _one(docs: list[dict[str, Any]], what: str, pred) -> dict[str, Any]:
     return found[0]
 
 
+def _items(rayjob: dict[str, Any], configmap_name: str, keys: list[str]) -> dict[str, str]:
+    """Each ConfigMap key's path in the submitter's volume: its items, else the key itself (Kubernetes' default)."""
+    pod = (rayjob["spec"].get("submitterPodTemplate") or {}).get("spec") or {}
+    volumes = [v["configMap"] for v in pod.get("volumes") or [] if (v.get("configMap") or {}).get("name") == configmap_name]
+    if len(volumes) != 1:
+        raise DemoError(f"the rendered RayJob's submitter has {len(volumes)} volumes of ConfigMap {configmap_name}; "
+                        "expected one")
+    items = volumes[0].get("items")
+    if items is None:
+        return {key: key for key in keys}
+    paths = {i["key"]: i["path"] for i in items}
+    if set(paths) != set(keys):
+        raise DemoError(f"the submitter's volume items name keys {sorted(set(paths) ^ set(keys))} that the "
+                        "ConfigMap does not hold, or leave out some it does: every trainer file must be mounted")
+    return paths
+
+
 def _mount_path(rayjob: dict[str, Any], configmap_name: str, runtime_env: dict[str, Any]) -> str:
     """Where the submitter pod mounts the trainer ConfigMap; it must be the runtime env's working_dir."""
     pod = (rayjob["spec"].get("submitterPodTemplate") or {}).get("spec") or {}
@@ -159,6 +183,25 @@ def _mount_path(rayjob: dict[str, Any], configmap_name: str, runtime_env: dict[s
             "working_dir (one mount, the same path)"
         )
     return working_dir
+
+
+def entry_module(entrypoint: str) -> str:
+    """The module the entry point runs (``python -m <module> ...``)."""
+    words = shlex.split(entrypoint)
+    if words[:2] != ["python", "-m"] or len(words) < 3:
+        raise DemoError(f"the rendered entry point {entrypoint[:80]!r} is not `python -m <module> ...`")
+    return words[2]
+
+
+def entry_args(entrypoint: str) -> list[str]:
+    """The trainer's arguments: the entry point's words after ``python -m <module>``."""
+    entry_module(entrypoint)
+    return shlex.split(entrypoint)[3:]
+
+
+def module_path(module: str) -> str:
+    """``trainer.vision_train`` -> ``trainer/vision_train.py``: where its file sits under the working_dir."""
+    return module.replace(".", "/") + ".py"
 
 
 def parse_flags(entrypoint: str) -> dict[str, str]:
@@ -182,18 +225,21 @@ def parse_chart_job(rendered: str) -> ChartJob:
     )
     rayjob = _one(docs, "RayJobs", lambda d: d.get("kind") == "RayJob")
     files = dict(configmap.get("data") or {})
-    if ENTRY_SCRIPT not in files:
-        raise DemoError(
-            f"the trainer ConfigMap has no {ENTRY_SCRIPT} (it holds {sorted(files)}): "
-            "run `make sync-trainer` so the chart carries trainer/"
-        )
     spec = rayjob["spec"]
     name = configmap["metadata"]["name"]
+    items = _items(rayjob, name, list(files))
+    entry = module_path(entry_module(spec["entrypoint"]))
+    if entry not in items.values():
+        raise DemoError(
+            f"the trainer ConfigMap mounts no {entry}, which the entry point runs (it mounts {sorted(items.values())}): "
+            "run `make sync-trainer` so the chart carries trainer/"
+        )
     runtime_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "") or {}
     return ChartJob(
         rendered=rendered,
         configmap_name=name,
         files=files,
+        items=items,
         mount_path=_mount_path(rayjob, name, runtime_env),
         entrypoint=spec["entrypoint"],
         runtime_env=runtime_env,
@@ -204,23 +250,28 @@ def parse_chart_job(rendered: str) -> ChartJob:
 def write_files(job: ChartJob, dest: Path) -> list[Path]:
     """Write the ConfigMap's files to ``dest`` as the submitter pod sees them (the kubelet's layout).
 
-    The kubelet writes a ConfigMap volume atomically: the files in a timestamped ``..<time>/``
-    directory, a ``..data`` link to it, and one link per key into ``..data/``. Returns the key links.
+    The kubelet writes a ConfigMap volume atomically: each key at its item path in a timestamped
+    ``..<time>/`` directory, a ``..data`` link to it, and one link per item path's first part into
+    ``..data/`` (here ``trainer -> ..data/trainer``). Returns the files' paths as the pod sees them.
     """
     dest.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("..%Y_%m_%d_%H_%M_%S.%f")
     (dest / stamp).mkdir()
-    out = []
-    for name, text in sorted(job.files.items()):
-        if "/" in name or name.startswith("."):
-            raise DemoError(f"unexpected file name {name!r} in the trainer ConfigMap")
-        real = dest / stamp / name
+    out, tops = [], set()
+    for key, text in sorted(job.files.items()):
+        rel = job.items[key]
+        parts = Path(rel).parts
+        if "/" in key or key.startswith(".") or rel.startswith("/") or any(p.startswith(".") for p in parts):
+            raise DemoError(f"unexpected file {key!r} (at {rel!r}) in the trainer ConfigMap")
+        real = dest / stamp / rel
+        real.parent.mkdir(parents=True, exist_ok=True)
         real.write_bytes(text.encode())
         real.chmod(0o444)
-        out.append(dest / name)
+        out.append(dest / rel)
+        tops.add(parts[0])
     (dest / "..data").symlink_to(stamp)
-    for path in out:
-        path.symlink_to(f"..data/{path.name}")
+    for top in sorted(tops):
+        (dest / top).symlink_to(f"..data/{top}")
     return out
 
 
@@ -264,19 +315,20 @@ def check_pins(packages: list[str]) -> list[PinCheck]:
 
 
 def worker_packages(job: ChartJob, working_dir: Path) -> list[str]:
-    """What the job's Ray Train workers would install: the trainer's own worker_runtime_env (from the
-    ConfigMap's files in ``working_dir``) for the rendered --installer and --extra_pip."""
+    """What the job's Ray Train workers would install: the trainer's own worker_runtime_env (the ConfigMap's
+    copy, imported in ``working_dir`` as the job's driver imports it) for the rendered --installer and --extra_pip."""
     installer = job.flags.get(INSTALLER_FLAG, NO_INSTALLER)
     if installer == NO_INSTALLER:
         return []
-    spec = importlib.util.spec_from_file_location("demo_worker_runtime_env", working_dir / WORKER_ENV_MODULE)
-    if spec is None or spec.loader is None:
-        raise DemoError(f"the trainer ConfigMap has no {WORKER_ENV_MODULE}: run `make sync-trainer`")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    extra = json.loads(job.flags.get(EXTRA_PIP_FLAG) or "[]")
-    env = module.worker_runtime_env(installer, extra, requirements=working_dir / "requirements.txt")
-    return list(env[installer]["packages"])
+    if module_path(WORKER_ENV_MODULE) not in job.items.values():
+        raise DemoError(f"the trainer ConfigMap has no {module_path(WORKER_ENV_MODULE)}: run `make sync-trainer`")
+    extra = job.flags.get(EXTRA_PIP_FLAG) or "[]"
+    proc = subprocess.run([sys.executable, "-c", WORKER_ENV_CALL, installer, extra], cwd=working_dir,
+                          capture_output=True, text=True, check=False, timeout=60)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DemoError(f"the chart's trainer could not build the workers' runtime env: {last}")
+    return list(json.loads(proc.stdout)[installer]["packages"])
 
 
 def local_entrypoint(job: ChartJob) -> str:

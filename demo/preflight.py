@@ -2,18 +2,19 @@
 
 The values file must exist; `helm template` must accept the values and every ``--set`` (its errors are
 boiled down to one sentence per field, with the field's range from the chart's schema); and the trainer's
-own flag checks (the chart's copy of trainer/flags.py, standard library only) must accept the entry point
+own flag checks (the chart's copy of trainer/job/flags.py, standard library only) must accept the entry point
 the chart renders, which catches what no schema rule can: two flags that do not go together.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import shlex
 import sys
 from pathlib import Path
 
-from demo.chart_job import DemoError, parse_chart_job, render_chart
+from demo.chart_job import DemoError, entry_args, parse_chart_job, render_chart
+
+FLAGS_PATH = "trainer/job/flags.py"  # the trainer's flag checks, where the ConfigMap's items mount them
 
 # Placeholders for the paths the demo builds later; the checks below never open them.
 PLACEHOLDER_PATHS = {"training.model_id": "/demo-preflight/tiny-gemma3",
@@ -35,12 +36,13 @@ def _trainer_flags_module(source: str):
     return module
 
 
-def check_trainer_flags(files: dict[str, str], entrypoint: str) -> None:
-    """The trainer's own flag checks on the rendered entry point (the chart's copy of flags.py)."""
-    if "flags.py" not in files:
+def check_trainer_flags(files: dict[str, str], items: dict[str, str], entrypoint: str) -> None:
+    """The trainer's own flag checks on the rendered entry point (the chart's copy of job/flags.py)."""
+    key = next((k for k, path in items.items() if path == FLAGS_PATH), None)
+    if key is None:
         return
-    flags = _trainer_flags_module(files["flags.py"])
-    words = shlex.split(entrypoint)[2:]  # after `python vision_train.py`
+    flags = _trainer_flags_module(files[key])
+    words = entry_args(entrypoint)  # after `python -m trainer.vision_train`
     try:
         flags.parse_args(words)
     except flags.UsageError as e:
@@ -54,4 +56,4 @@ def preflight(helm: str, chart: Path, values: Path, sets: dict[str, str]) -> Non
     require_files(chart, values)
     rendered = render_chart(helm, chart, values, PLACEHOLDER_PATHS, sets)
     job = parse_chart_job(rendered)
-    check_trainer_flags(job.files, job.entrypoint)
+    check_trainer_flags(job.files, job.items, job.entrypoint)

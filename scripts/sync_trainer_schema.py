@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the chart's `training:` schema from the trainer's own flags (one source of truth).
 
-Every field of `TrainArguments` in trainer/flags.py becomes a property of `training` in
+Every field of `TrainArguments` in trainer/job/flags.py becomes a property of `training` in
 charts/gemma3-ray/values.schema.json, typed from its annotation (Literal → enum, bool, int, float,
 str), bounded by its range rules (`flag(..., min=, above=, below=, off=)`: the very rules the trainer
 checks at job start) and described by its help text; no other key is allowed. So a misspelt or
@@ -14,15 +14,16 @@ pattern for stops it, so the schema never silently checks less than the trainer)
 storage_path, run_name, installer, extra_pip) or never renders (hf_token) keep their hand-written "not
 allowed here" entries.
 
-    python scripts/sync_trainer_schema.py           # rewrite the schema (make sync-trainer runs it)
-    python scripts/sync_trainer_schema.py --check   # exit 1 if the schema is out of date
-    (--flags=PATH --schema=PATH: another trainer's flags.py or another schema file, for tests)
+    python -m scripts.sync_trainer_schema           # rewrite the schema (make sync-trainer runs it)
+    python -m scripts.sync_trainer_schema --check   # exit 1 if the schema is out of date
+    (--schema=PATH: another schema file; tests pass main() another flags module)
+
+Run from the repository root, which holds the `trainer` package (`trainer.job.flags`: standard library only).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
 import types
@@ -30,15 +31,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from trainer.job import flags as trainer_flags
+
 ROOT = Path(__file__).resolve().parents[1]
-TRAINER = ROOT / "trainer" / "flags.py"  # the flags' module: standard library only
 SCHEMA = ROOT / "charts" / "gemma3-ray" / "values.schema.json"
 JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
 # Flags whose values the chart renders from a YAML map as compact JSON (the trainer parses JSON).
 JSON_MAP_FLAGS = {"column_mapping"}
 # Flags that must name something.
 NON_EMPTY_FLAGS = {"model_id", "dataset_name"}
-# The range rules of trainer/flags.py's flag(): min (>=), above (>), below (<), off (the "off" value).
+# The range rules of trainer/job/flags.py's flag(): min (>=), above (>), below (<), off (the "off" value).
 RULES = ("min", "above", "below", "off")
 # `helm --set` passes floats (and --set-string any number) as strings: a numeric flag also accepts
 # the text of a number, which the chart renders verbatim, so it reaches the trainer unchanged.
@@ -55,15 +57,6 @@ ZERO_TEXT = r"^[-+]?" + _ZERO + "$"
 # with a negative exponent ("5e-2"). Refused although below 1: several integer digits with a negative
 # exponent ("10e-2"); write those as decimals.
 BELOW_ONE_TEXT = (r"^[-+]?" + _ZERO + r"$|^\+?(0*(\.[0-9]*)?([eE](-[0-9]+|\+?0+))?|0*[0-9](\.[0-9]*)?[eE]-0*[1-9][0-9]*)$")
-
-
-def _load_trainer(path: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("gemma3_ray_trainer_for_schema", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _int_at_least(low: int) -> str:
@@ -136,9 +129,8 @@ def _property(name: str, annotation: Any, help_text: str, rules: dict[str, Any],
     return prop
 
 
-def training_schema(current: dict[str, Any], flags: Path = TRAINER) -> dict[str, Any]:
+def training_schema(current: dict[str, Any], trainer: types.ModuleType = trainer_flags) -> dict[str, Any]:
     """The `training` schema for the trainer as it is now, keeping the chart's forbidden-key entries."""
-    trainer = _load_trainer(flags)
     hints = typing.get_type_hints(trainer.TrainArguments)
     forbidden = {k: v for k, v in current.get("properties", {}).items() if "not" in v}
     props: dict[str, Any] = dict(forbidden)
@@ -153,24 +145,24 @@ def training_schema(current: dict[str, Any], flags: Path = TRAINER) -> dict[str,
     return out
 
 
-def render(flags: Path = TRAINER, schema_path: Path = SCHEMA) -> tuple[str, str]:
+def render(flags: types.ModuleType = trainer_flags, schema_path: Path = SCHEMA) -> tuple[str, str]:
     text = schema_path.read_text()
     schema = json.loads(text)
     schema["properties"]["training"] = training_schema(schema["properties"]["training"], flags)
     return text, json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], flags: types.ModuleType = trainer_flags) -> int:
     opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    flags, schema = Path(opts.get("flags", TRAINER)), Path(opts.get("schema", SCHEMA))
+    schema = Path(opts.get("schema", SCHEMA))
     try:
         old, new = render(flags, schema)
     except (TypeError, ValueError) as e:
-        print(f"cannot generate the `training` schema from {flags}: {e}", file=sys.stderr)
+        print(f"cannot generate the `training` schema from {flags.__name__}: {e}", file=sys.stderr)
         return 2
     if "--check" in argv:
         if old != new:
-            print(f"{schema} is out of date with {flags}: run `make sync-trainer`", file=sys.stderr)
+            print(f"{schema} is out of date with {flags.__name__}: run `make sync-trainer`", file=sys.stderr)
             return 1
         return 0
     if old != new:

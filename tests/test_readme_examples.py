@@ -3,11 +3,9 @@ trainer flags the trainer's parser accepts, Makefile targets, demo flags, chart 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -51,12 +49,9 @@ PLUGIN = [c for c in _of("gemma3-ray", ".venv/bin/gemma3-ray", "helm") if c[2][0
 
 @pytest.fixture(scope="module")
 def trainer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gemma3_ray_readme_trainer", ROOT / "trainer" / "flags.py")  # the parser
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from trainer.job import flags  # the parser
+
+    return flags
 
 
 def test_the_readmes_have_the_examples_this_test_reads() -> None:
@@ -139,12 +134,12 @@ def test_make_prereqs_args_parse() -> None:
 
 
 def test_trainer_examples_parse(trainer: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    runs = [c for c in _of("python") if c[2][1:2] == ["trainer/vision_train.py"]]
+    runs = [c for c in _of("python") if c[2][1:3] == ["-m", "trainer.vision_train"]]
     assert runs
     monkeypatch.setenv("HF_TOKEN", "only-so-push_to_hub-validation-can-pass")
     for readme, line, words in runs:
         try:
-            trainer.parse_args(words[2:])
+            trainer.parse_args(words[3:])
         except (trainer.UsageError, SystemExit) as exc:
             pytest.fail(f"{readme}: `{line}` is rejected by the trainer: {exc}")
 

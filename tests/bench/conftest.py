@@ -1,15 +1,12 @@
-"""The trainer's modules importable by name, as bench/bench.py imports them; bench modules loaded from their files."""
+"""bench modules loaded from their files (the trainer is the `trainer` package at the checkout's root)."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "trainer") not in sys.path:
-    sys.path.insert(0, str(ROOT / "trainer"))
 
 
 def bench_module(name: str) -> ModuleType:

@@ -5,12 +5,12 @@ torch._scaled_mm itself needs the GPU)."""
 
 from __future__ import annotations
 
-import fast_lora
 import pytest
 import torch
-from flags import UsageError, parse_args
 
 from tests.bench.conftest import bench_module
+from trainer.job.flags import UsageError, parse_args
+from trainer.speed import fast_lora, fast_lora_peft
 
 fp8_linear = bench_module("fp8_linear")
 
@@ -85,7 +85,7 @@ def test_apply_gives_fused_peft_layers_their_copies() -> None:
     counts = fp8_linear.apply(model)
     assert counts == {"fp8_layers": 2, "fp8_gib": round(2 * (48 * 32 + 32 * 48) / 2**30, 2), "skipped": 1}
     # dimensions _scaled_mm cannot take (5 outputs) stay bf16
-    assert fast_lora.apply(model)["fused"] == 3
+    assert fast_lora_peft.apply(model)["fused"] == 3
     x = torch.randn(4, 32)
     with torch.no_grad():
         got = model(x)
@@ -133,7 +133,7 @@ def test_bench_fp8_row_is_the_default_row_plus_the_conversion(monkeypatch: pytes
                                            r"here \(fused_lora is off\); drop --fused_lora=false$"):
         fp8_linear.apply_to(model, {})
     assert not any(hasattr(m, "base_matmuls") for m in model.modules())
-    counts = fp8_linear.apply_to(model, {"fused_lora": fast_lora.apply(model)})
+    counts = fp8_linear.apply_to(model, {"fused_lora": fast_lora_peft.apply(model)})
     assert counts == {"fp8_layers": 2, "fp8_gib": 0.0, "skipped": 0}
     assert sum(hasattr(m, "base_matmuls") for m in model.modules()) == 2
 

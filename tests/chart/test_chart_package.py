@@ -1,8 +1,11 @@
 """The chart is self-contained: the trainer's code lives in it (trainer/ is a symlink to
-files/trainer, one copy), and a packaged archive renders from a directory with no trainer/ beside it."""
+files/trainer, one copy), and a packaged archive renders from a directory with no trainer/ beside it.
+The package's folders travel in one ConfigMap with flat keys, put back in place by the volume's items."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -16,14 +19,47 @@ HELM_TIMEOUT_S = 120
 
 
 def trainer_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".py" or p.name == "requirements.txt"}
+    """The trainer package's code and pins by path: its modules and its folders' (one deep), requirements.txt."""
+    paths = [*folder.glob("*.py"), *folder.glob("*/*.py"), folder / "requirements.txt"]
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(paths) if "__pycache__" not in p.parts}
+
+
+def configmap_key(path: str) -> str:
+    """A file's ConfigMap key: its path with '.' for '/' (keys cannot hold '/')."""
+    return path.replace("/", ".")
 
 
 def test_trainer_is_the_charts_trainer() -> None:
     """One copy of the trainer's code: editing trainer/ edits what the chart ships."""
     assert TRAINER.is_symlink() and TRAINER.resolve() == CHART_TRAINER.resolve(), (
         "trainer/ must be a symlink to charts/gemma3-ray/files/trainer (the chart ships those bytes)")
-    assert "requirements.txt" in trainer_files(CHART_TRAINER) and "vision_train.py" in trainer_files(CHART_TRAINER)
+    files = trainer_files(CHART_TRAINER)
+    assert {"requirements.txt", "vision_train.py", "__init__.py", "job/flags.py", "worker/worker.py"} <= set(files)
+
+
+def test_the_volume_items_put_every_file_back_in_its_folder() -> None:
+    """The ConfigMap holds every file once under its flat key; the submitter's volume maps each key to
+    trainer/<its path>, so the job's working_dir holds the package as the repository does."""
+    for helm in ("HELM", "HELM3"):
+        r = helm_template([CI_VALUES_DIR / "default-values.yaml"], helm=helm)
+        assert r.returncode == 0, r.stderr
+        files = trainer_files(TRAINER)
+        assert r.one("ConfigMap")["data"] == {configmap_key(p): b.decode() for p, b in files.items()}
+        pod = r.one("RayJob")["spec"]["submitterPodTemplate"]["spec"]
+        (volume,) = [v["configMap"] for v in pod["volumes"] if v["name"] == "trainer"]
+        assert volume["items"] == [{"key": configmap_key(p), "path": f"trainer/{p}"}
+                                   for p in sorted(files, key=configmap_key)]
+        assert shlex.split(r.one("RayJob")["spec"]["entrypoint"])[:3] == ["python", "-m", "trainer.vision_train"]
+
+
+def test_a_file_name_with_a_second_dot_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    """Its key would map back to the wrong folder (a.b.py -> a/b.py): the chart says so instead."""
+    copy = tmp_path / "gemma3-ray"
+    shutil.copytree(CHART, copy, symlinks=True)
+    (copy / "files" / "trainer" / "job" / "odd.name.py").write_text("# a module name cannot hold a dot\n")
+    r = helm_template([CI_VALUES_DIR / "default-values.yaml"], chart=copy)
+    assert r.returncode != 0
+    assert "files/trainer/job/odd.name.py: a trainer file name holds one dot" in r.stderr, r.stderr
 
 
 def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:
@@ -41,7 +77,8 @@ def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:
             names = tar.getnames()
             tar.extractall(unpacked, filter="data")
         assert "gemma3-ray/files/trainer/requirements.txt" in names
-        shipped = sorted(n.removeprefix("gemma3-ray/files/trainer/") for n in names if "/files/trainer/" in n)
+        shipped = sorted(n.removeprefix("gemma3-ray/files/trainer/") for n in names
+                         if "/files/trainer/" in n and (unpacked / n).is_file())
         assert shipped == sorted(trainer_files(CHART_TRAINER)), "only the code and its pins: no docs, no caches"
         assert "gemma3-ray/values.schema.json" in names
         assert not any("/ci/" in n and n.endswith(".tgz") for n in names)
@@ -51,4 +88,4 @@ def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:
             assert from_archive.returncode == 0, from_archive.stderr
             assert same_but_run_name(from_archive.docs) == same_but_run_name(helm_template([values], helm=helm).docs)
             cm = from_archive.one("ConfigMap")
-            assert cm["data"] == {k: v.decode() for k, v in trainer_files(TRAINER).items()}
+            assert cm["data"] == {configmap_key(k): v.decode() for k, v in trainer_files(TRAINER).items()}

@@ -32,7 +32,7 @@ PARALLEL_HELM = 4
 CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
 TUTORIAL = VALUES_DIR / "tutorial.yaml"
 MOUNT = "/home/ray/trainer"
-ENTRY = ["python", "vision_train.py"]
+ENTRY = ["python", "-m", "trainer.vision_train"]  # the package under the working_dir
 REQUIREMENTS = CHART / "files" / "trainer" / "requirements.txt"
 DERIVED = ("num_workers", "use_gpu", "storage_path", "run_name", "installer", "extra_pip")
 
@@ -53,9 +53,9 @@ def entrypoint_argv(render: Render) -> list[str]:
 
 def flags(render: Render) -> dict[str, str]:
     argv = entrypoint_argv(render)
-    assert argv[:2] == ENTRY, argv[:2]
+    assert argv[:3] == ENTRY, argv[:3]
     out: dict[str, str] = {}
-    for word in argv[2:]:
+    for word in argv[3:]:
         assert word.startswith("--") and "=" in word, word
         key, value = word[2:].split("=", 1)
         assert key not in out, f"flag {key} given twice"
@@ -164,9 +164,11 @@ def test_image_tag_overrides_per_group(render: Callable[..., Render]) -> None:
 def test_trainer_configmap_carries_the_files_and_a_content_hash(renders: dict[str, Render]) -> None:
     r = renders["tutorial.yaml"]
     cm = r.one("ConfigMap")
-    files = {p.name: p.read_text() for p in sorted((CHART / "files" / "trainer").iterdir())
-             if p.suffix == ".py" or p.name == "requirements.txt"}
-    assert cm["data"] == files, "the ConfigMap must hold the trainer files byte for byte"
+    trainer = CHART / "files" / "trainer"
+    paths = [*trainer.glob("*.py"), *trainer.glob("*/*.py"), trainer / "requirements.txt"]
+    files = {p.relative_to(trainer).as_posix().replace("/", "."): p.read_text() for p in paths}
+    assert "job.flags.py" in files and "vision_train.py" in files
+    assert cm["data"] == files, "the ConfigMap must hold the trainer package's files byte for byte (key: path, '.' for '/')"
     assert cm["immutable"] is True
     assert re.fullmatch(rf"{RELEASE}-gemma3-ray-trainer-[0-9a-f]{{10}}", cm["metadata"]["name"])
 
@@ -189,12 +191,15 @@ def test_the_job_carries_its_code_and_no_ray_pod_mounts_it(renders: dict[str, Re
             assert all(v["name"] != "trainer" for v in tpl["spec"]["volumes"]), (doc["kind"], role)
     sub = job["spec"]["submitterPodTemplate"]["spec"]
     (vol,) = [v for v in sub["volumes"] if v["name"] == "trainer"]
+    items = vol["configMap"].pop("items")
     assert vol == {"name": "trainer", "configMap": {"name": cm, "defaultMode": 0o444}}
+    assert {i["key"] for i in items} == set(r.one("ConfigMap")["data"])  # every file mounted, in its folder
+    assert all(i["path"].startswith("trainer/") for i in items)
     (mount,) = [m for m in containers({"spec": sub})[0]["volumeMounts"] if m["name"] == "trainer"]
     assert mount == {"name": "trainer", "mountPath": MOUNT, "readOnly": True}
     env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
     assert env["working_dir"] == MOUNT and env["excludes"] == ["..*"]
-    assert entrypoint_argv(r)[:2] == ENTRY, "the entry script runs from the job's working directory"
+    assert entrypoint_argv(r)[:3] == ENTRY, "the entry module runs from the job's working directory"
 
 
 def test_configmap_name_changes_when_a_trainer_file_changes(tmp_path: Path) -> None:
@@ -205,6 +210,9 @@ def test_configmap_name_changes_when_a_trainer_file_changes(tmp_path: Path) -> N
     req.write_text(req.read_text() + "# a comment changes the hash\n")
     after = helm_template([CI_DEFAULT], chart=chart).one("ConfigMap")["metadata"]["name"]
     assert before != after
+    module = chart / "files" / "trainer" / "job" / "flags.py"  # a module in one of the package's folders
+    module.write_text(module.read_text() + "# so does a comment here\n")
+    assert helm_template([CI_DEFAULT], chart=chart).one("ConfigMap")["metadata"]["name"] not in (before, after)
 
 
 def test_entrypoint_is_the_training_map_plus_derived_flags(renders: dict[str, Render]) -> None:
@@ -276,7 +284,7 @@ def test_entrypoint_survives_both_shells_of_a_ray_job(renders: dict[str, Render]
     entrypoint = renders[name].one("RayJob")["spec"]["entrypoint"]
     prefix = " ".join(ENTRY) + " "
     assert entrypoint.startswith(prefix)
-    expected = entrypoint_argv(renders[name])[2:]
+    expected = entrypoint_argv(renders[name])[3:]
     first = sh_words(entrypoint[len(prefix):])
     assert first == expected
     second = sh_words(subprocess.list2cmdline(first))

@@ -1,56 +1,36 @@
-"""The rendered RayJob entrypoint is accepted by the trainer's own flag parser (the chart's copy of
-trainer/), for every values file: names, types and cross-flag rules agree."""
+"""The rendered RayJob entrypoint is accepted by the trainer's own flag parser (trainer.job.flags, the
+chart's copy of trainer/), for every values file: names, types and cross-flag rules agree."""
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import sys
-from types import ModuleType
 
 import pytest
 from helm_render import CHART, Render
 
-SCRIPT = CHART / "files" / "trainer" / "vision_train.py"
+from trainer.job import flags as trainer  # the chart's copy: trainer/ is a symlink to files/trainer
+
+ENTRY = ["python", "-m", "trainer.vision_train"]  # run from the job's working_dir, which holds the package
 
 
-# The trainer's modules (the entry point imports its siblings, as `python vision_train.py` does).
-TRAINER_MODULES = sorted(p.stem for p in SCRIPT.parent.glob("*.py"))
+def test_the_trainer_is_the_charts_copy() -> None:
+    assert trainer.__file__ and __import__("pathlib").Path(trainer.__file__).resolve() == (
+        CHART / "files" / "trainer" / "job" / "flags.py").resolve()
 
 
-@pytest.fixture(scope="module")
-def trainer() -> ModuleType:
-    """The chart's copy of the entry module, with its sibling modules from the chart's copy too."""
-    assert SCRIPT.exists(), "the chart has no trainer: run `make sync-trainer`"
-    saved_modules = {name: sys.modules.pop(name) for name in TRAINER_MODULES if name in sys.modules}
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer", SCRIPT)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        assert sys.modules["flags"].__file__ == str(SCRIPT.parent / "flags.py")
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-        for name in TRAINER_MODULES:
-            sys.modules.pop(name, None)
-        sys.modules.update(saved_modules)
-    return module
-
-
-def test_every_rendered_entrypoint_parses_with_the_trainer(renders: dict[str, Render], trainer: ModuleType,
+def test_every_rendered_entrypoint_parses_with_the_trainer(renders: dict[str, Render],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "only-so-push_to_hub-validation-can-pass")
     for name, r in renders.items():
         argv = shlex.split(r.one("RayJob")["spec"]["entrypoint"])
-        assert argv[:2] == ["python", "vision_train.py"], name  # run from the job's working_dir
-        args = trainer.parse_args(argv[2:])
+        assert argv[:3] == ENTRY, name
+        args = trainer.parse_args(argv[3:])
         assert args.storage_path.startswith("gs://"), name
         assert args.num_workers >= 1, name
 
 
-def test_trainer_rejects_what_the_chart_must_never_render(trainer: ModuleType) -> None:
+def test_trainer_rejects_what_the_chart_must_never_render() -> None:
     with pytest.raises(trainer.UsageError):
         trainer.parse_args(["--num_worker=2"])
     with pytest.raises(trainer.UsageError):
@@ -63,12 +43,12 @@ def test_training_schema_is_generated_from_the_trainer_flags() -> None:
     import subprocess
 
     root = CHART.parents[1]
-    check = subprocess.run([sys.executable, str(root / "scripts" / "sync_trainer_schema.py"), "--check"],
+    check = subprocess.run([sys.executable, "-m", "scripts.sync_trainer_schema", "--check"], cwd=root,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["training"]
     assert schema["additionalProperties"] is False
-    trainer_flags = set(_flag_names(root / "trainer" / "flags.py"))
+    trainer_flags = set(_flag_names(root / "trainer" / "job" / "flags.py"))
     derived = {name for name, prop in schema["properties"].items() if "not" in prop}
     assert set(schema["properties"]) - derived == trainer_flags - derived
 

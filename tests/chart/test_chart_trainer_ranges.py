@@ -10,39 +10,32 @@ number (``--set`` passes floats as strings).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import jsonschema
 import pytest
 from helm_render import CHART, ROOT
 from test_chart_value_checks import HELMS, helm_sets
 
-SYNC = ROOT / "scripts" / "sync_trainer_schema.py"
-FLAGS = CHART / "files" / "trainer" / "flags.py"
+FLAGS = CHART / "files" / "trainer" / "job" / "flags.py"
 # Texts around every bound the rules use (-1, 0, 1), in the spellings a user types.
 PROBES = ["-5", "-1", "-1.0", "-0.5", "-0", "0", "0.0", ".0", "0e3", "1e-9", "0.05", ".5", "5e-2", "0.5e1",
           "9.99e-1", "1", "+1", "1.0", "1e0", "2", "7", "1e3", "100", "1.5", "-1e-2", "1e-2"]
 RANGE_KEYS = ("min", "above", "below", "off")
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def flags() -> ModuleType:
-    return _load(FLAGS, "gemma3_ray_chart_trainer_ranges")
+    from trainer.job import flags  # the chart's copy (trainer/ is a symlink to files/trainer)
+
+    assert Path(flags.__file__).resolve() == FLAGS.resolve()
+    return flags
 
 
 def _ranged(flags: ModuleType) -> list[dataclasses.Field]:
@@ -128,24 +121,37 @@ def test_helm_accepts_in_range_flags_in_every_spelling(helm: str) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_the_schema_check_fails_when_a_trainer_rule_changes(tmp_path: Path) -> None:
-    """Drift: a trainer whose rule changed makes `sync_trainer_schema.py --check` fail until re-synced."""
-    changed = tmp_path / "flags.py"
-    text = FLAGS.read_text()
-    rule = 'flag(16, "LoRA rank.", min=1)'
-    assert rule in text
-    changed.write_text(text.replace(rule, rule.replace("min=1", "min=4")))
+def _with_lora_r(flags: ModuleType, **rules: Any) -> ModuleType:
+    """A copy of the trainer's flags module whose lora_r flag has other range rules."""
+    assert 'flag(16, "LoRA rank.", min=1)' in FLAGS.read_text()  # the rule this changes
+
+    @dataclasses.dataclass
+    class TrainArguments(flags.TrainArguments):
+        lora_r: int = flags.flag(16, "LoRA rank.", **rules)
+
+    changed = ModuleType("changed_trainer_flags")
+    changed.__dict__.update({k: v for k, v in vars(flags).items() if not k.startswith("__")})
+    changed.TrainArguments = TrainArguments
+    return changed
+
+
+def test_the_schema_check_fails_when_a_trainer_rule_changes(tmp_path: Path, flags: ModuleType,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Drift: a trainer whose rule changed makes `sync_trainer_schema --check` fail until re-synced."""
+    from scripts import sync_trainer_schema as sync
+
     schema = tmp_path / "values.schema.json"
     shutil.copy(CHART / "values.schema.json", schema)
-    args = [sys.executable, str(SYNC), f"--flags={changed}", f"--schema={schema}"]
-    same = subprocess.run([*args[:2], f"--flags={FLAGS}", f"--schema={schema}", "--check"], capture_output=True, text=True)
+    same = subprocess.run([sys.executable, "-m", "scripts.sync_trainer_schema", f"--schema={schema}", "--check"],
+                          cwd=ROOT, capture_output=True, text=True)
     assert same.returncode == 0, same.stderr
-    drift = subprocess.run([*args, "--check"], capture_output=True, text=True)
-    assert drift.returncode == 1 and "make sync-trainer" in drift.stderr
-    subprocess.run(args, check=True)
+    changed = _with_lora_r(flags, min=4)
+    assert sync.main([f"--schema={schema}", "--check"], changed) == 1
+    assert "make sync-trainer" in capsys.readouterr().err
+    assert sync.main([f"--schema={schema}"], changed) == 0
     prop = json.loads(schema.read_text())["properties"]["training"]["properties"]["lora_r"]
     assert not _schema_accepts(prop, 3) and not _schema_accepts(prop, "3") and _schema_accepts(prop, "4")
     # A rule the generator has no text pattern for stops it, in one sentence: never a looser schema.
-    changed.write_text(text.replace(rule, rule.replace("min=1", "min=1, below=100")))
-    unsupported = subprocess.run(args, capture_output=True, text=True)
-    assert unsupported.returncode == 2 and "lora_r" in unsupported.stderr and "Traceback" not in unsupported.stderr
+    assert sync.main([f"--schema={schema}"], _with_lora_r(flags, min=1, below=100)) == 2
+    err = capsys.readouterr().err
+    assert "lora_r" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -67,14 +66,10 @@ def test_non_numeric_text_for_a_number_flag_is_rejected_naming_it(helm: str, key
 
 def test_numeric_text_parses_to_the_same_number_in_the_trainer() -> None:
     """What the schema lets through as text is what the trainer's own parser reads as that number."""
-    import importlib.util
+    from trainer.job import (
+        flags,  # the trainer's flag parser (the chart's copy: trainer/ links to files/trainer)
+    )
 
-    # The trainer's flag parser (flags.py: standard library only, no sibling imports).
-    spec = importlib.util.spec_from_file_location("gemma3_ray_chart_trainer_numbers", CHART / "files" / "trainer" / "flags.py")
-    assert spec and spec.loader
-    flags = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = flags
-    spec.loader.exec_module(flags)
     args = flags.parse_args(["--storage_path=gs://b/p", "--learning_rate=0.0001", "--max_steps=+12"])
     assert args.learning_rate == 0.0001 and args.max_steps == 12
 

@@ -50,10 +50,12 @@ def test_vendored_and_packaged_charts_ship_the_same_trainer_configmap(tmp_path: 
     (parent / "Chart.yaml").write_text(yaml.safe_dump({"apiVersion": "v2", "name": "platform", "version": "0.1.0"}))
     vendored = parent / "charts" / "gemma3-ray"
     shutil.copytree(CHART, vendored, symlinks=False)  # a plain copy: what `cp -rL` or a git subtree gives
-    (vendored / "files" / "trainer" / "__pycache__").mkdir(exist_ok=True)
-    (vendored / "files" / "trainer" / "__pycache__" / "flags.cpython-311.pyc").write_bytes(b"\0pyc")
-    for name, text in STRAYS.items():
-        (vendored / "files" / "trainer" / name).write_text(text)
+    for folder in (vendored / "files" / "trainer", vendored / "files" / "trainer" / "job"):  # the package and a folder
+        (folder / "__pycache__").mkdir(exist_ok=True)
+        (folder / "__pycache__" / "flags.cpython-311.pyc").write_bytes(b"\0pyc")
+        (folder / "__pycache__" / "stray.py").write_text("# a .py in a hidden-from-git cache\n")
+        for name, text in STRAYS.items():
+            (folder / name).write_text(text)
     values = tmp_path / "parent-values.yaml"
     values.write_text(yaml.safe_dump({"gemma3-ray": yaml.safe_load(CI_DEFAULT.read_text())}))
     from_vendored = _trainer_configmap(_template(helm, parent, "-f", str(values)))
@@ -63,6 +65,7 @@ def test_vendored_and_packaged_charts_ship_the_same_trainer_configmap(tmp_path: 
     assert from_vendored["metadata"]["name"] == from_package["metadata"]["name"], "the code hash differs"
     # Exactly the trainer's code: every module and requirements.txt, nothing else.
     trainer = CHART / "files" / "trainer"
-    code = {p.name for p in trainer.glob("*.py")} | {"requirements.txt"}
+    code = {p.relative_to(trainer).as_posix().replace("/", ".") for p in [*trainer.glob("*.py"), *trainer.glob("*/*.py")]
+            if "__pycache__" not in p.parts} | {"requirements.txt"}
     assert set(from_package["data"]) == code
     assert "README.md" not in from_vendored["data"] and not set(STRAYS) & set(from_vendored["data"])

@@ -15,13 +15,13 @@ from helm_render import Render
 
 from demo.chart_job import parse_chart_job, write_files
 
-ENTRY = ["python", "vision_train.py"]
+ENTRY = ["python", "-m", "trainer.vision_train"]
 # The driver's own calls (vision_train.main): parse the flags, then the workers' runtime env.
 DRIVER_CALLS = """
-import json, sys
-sys.path.insert(0, ".")
-from flags import extra_pip, parse_args
-from worker_runtime_env import worker_runtime_env
+import json, os, sys
+from trainer.job.flags import extra_pip, parse_args
+from trainer.job.worker_runtime_env import worker_runtime_env
+assert os.path.realpath(worker_runtime_env.__code__.co_filename).startswith(os.path.realpath(".")), "not the render's"
 args = parse_args(json.loads(sys.argv[1]))
 print(json.dumps(worker_runtime_env(args.installer, extra_pip(args))))
 """

@@ -128,24 +128,25 @@ def test_job_ran_the_charts_files_and_entrypoint(short_run: dict) -> None:
     rendered = (Path(short_run["run_dir"]) / "rendered.yaml").read_text()
     job = parse_chart_job(rendered)
     trainer_dir = Path(short_run["trainer_dir"])
-    assert sorted(p.name for p in trainer_dir.iterdir() if not p.name.startswith("..")) == sorted(job.files)
+    assert sorted(p.name for p in trainer_dir.iterdir() if not p.name.startswith("..")) == ["trainer"]
     assert (trainer_dir / "..data").is_symlink(), "the demo writes the kubelet's ConfigMap volume layout"
+    assert (trainer_dir / "trainer").is_symlink() and (trainer_dir / "trainer" / "job" / "flags.py").is_file()
     for name, text in job.files.items():
-        assert (trainer_dir / name).read_bytes() == text.encode(), name
-    # Ray packaged exactly the ConfigMap's files, once each: its content hash equals that of a plain
-    # directory holding only them.
+        assert (trainer_dir / job.items[name]).read_bytes() == text.encode(), name
+    # Ray packaged exactly the ConfigMap's files, once each, at their item paths: its content hash equals
+    # that of a plain directory holding only them.
     plain = Path(short_run["run_dir"]) / "plain-trainer"
-    plain.mkdir()
     for name, text in job.files.items():
-        (plain / name).write_bytes(text.encode())
+        (plain / job.items[name]).parent.mkdir(parents=True, exist_ok=True)
+        (plain / job.items[name]).write_bytes(text.encode())
     assert short_run["job_working_dir_uri"] == get_uri_for_directory(str(plain), include_gitignore=True)
     # The command: the rendered entry point, as KubeRay's submitter passes it, with --installer=none.
     assert short_run["rendered_entrypoint"] == job.entrypoint
     assert short_run["submitted_entrypoint"] == as_kuberay_submits(local_entrypoint(job))
-    assert shlex.split(short_run["submitted_entrypoint"])[1] == "vision_train.py"
-    words = shlex.split(local_entrypoint(job))[2:]
-    assert shlex.split(short_run["submitted_entrypoint"])[2:] == words
-    rendered = shlex.split(job.entrypoint)[2:]
+    assert shlex.split(short_run["submitted_entrypoint"])[1:3] == ["-m", "trainer.vision_train"]
+    words = shlex.split(local_entrypoint(job))[3:]
+    assert shlex.split(short_run["submitted_entrypoint"])[3:] == words
+    rendered = shlex.split(job.entrypoint)[3:]
     assert "--installer=uv" in rendered
     assert [w for w in rendered if not w.startswith(("--installer=", "--extra_pip="))] == [
         w for w in words if w != "--installer=none"]
@@ -230,8 +231,9 @@ def test_unreachable_ray_address_is_not_replaced_silently(tmp_path: Path, capsys
 
 def test_rendered_local_values_give_the_demo_what_it_needs(tmp_path: Path) -> None:
     job = parse_chart_job(render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"}))
-    assert set(job.files) >= {"vision_train.py", "requirements.txt"}
-    assert job.entrypoint.startswith("python vision_train.py ")
+    assert set(job.files) >= {"vision_train.py", "requirements.txt", "job.flags.py"}
+    assert job.items["job.flags.py"] == "trainer/job/flags.py" and job.items["vision_train.py"] == "trainer/vision_train.py"
+    assert job.entrypoint.startswith("python -m trainer.vision_train ")
     assert job.runtime_env["working_dir"] == job.mount_path == "/home/ray/trainer"
     assert job.storage_path.startswith("gs://")
     assert job.flags["use_gpu"] == "false" and job.num_workers == 2

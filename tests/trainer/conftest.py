@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import urllib.parse
@@ -18,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAINER = ROOT / "trainer"
-for p in (str(ROOT), str(TRAINER)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+ROOT = Path(__file__).resolve().parents[2]  # holds the `trainer` package (tests/conftest.py puts it on sys.path)
 
 # Ray's single-machine switch: "0" keeps every Ray server on the node address (127.0.0.1 here).
 LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -60,7 +55,7 @@ def ray_cluster() -> Iterator[None]:
     """A Ray cluster of this test session only: started here, on 127.0.0.1, stopped by ray.shutdown().
 
     Token auth is disabled for this throw-away local cluster (RAY_AUTH_MODE=disabled); the workers
-    import the trainer from the checkout through PYTHONPATH, as the chart's working_dir does.
+    import the trainer package from the checkout through PYTHONPATH, as from the chart's working_dir.
     """
     import ray
 
@@ -74,9 +69,7 @@ def ray_cluster() -> Iterator[None]:
     os.environ[LOOPBACK_ONLY_ENV] = "0"
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(TRAINER), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     temp_dir = tempfile.mkdtemp(prefix="g3r-ray-", dir="/tmp")  # short: Ray's socket paths are length-limited
     ray.init(
         address="local",

@@ -25,8 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-TRAINER = ROOT / "trainer"
+ROOT = Path(__file__).resolve().parents[2]  # holds the trainer package (run as `python -m tests.trainer.elastic_drill`)
 NODE_CPUS = 1  # one training worker per node; Ray Train's controller actors take no CPU
 OBJECT_STORE_BYTES = 100 * 1024**2
 POLL_S = 0.5
@@ -44,10 +43,7 @@ def _environment() -> None:
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = WORKER_GROUP_START_TIMEOUT_S
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(TRAINER), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    for p in (str(ROOT), str(TRAINER)):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def quick_resize_checks() -> None:
@@ -67,9 +63,8 @@ def quick_resize_checks() -> None:
 def run_job(cluster, job: dict[str, Any], spec: dict[str, Any], node_args: dict[str, Any]) -> dict[str, Any]:
     """One job on the cluster; removes the worker node after step `remove_node_after_step`, or adds one
     after step `add_node_after_step`."""
-    import vision_train as vt
-
     from tests.trainer.drill_callbacks import HoldOnNode, RecordSamples
+    from trainer import vision_train as vt
 
     records = Path(spec["records_dir"]) / job["name"]
     callbacks: list = [RecordSamples(str(records), spec["id_pattern"])]

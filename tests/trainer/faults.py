@@ -64,7 +64,7 @@ class RefuseOnRankOne:
     sentence: str
 
     def __call__(self, ctx):
-        from flags import UsageError
+        from trainer.job.flags import UsageError
 
         if ctx.rank == 1:
             raise UsageError(self.sentence)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import vision_train
-from elastic import BatchShape, BatchSplitError, describe, run_shapes, split_batch
-from flags import RECIPES, UsageError, parse_args
-from model import sft_config
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.test_ray_job import N_ROWS, job_flags, records
+from trainer import vision_train
+from trainer.job.elastic import BatchShape, BatchSplitError, describe, run_shapes, split_batch
+from trainer.job.flags import RECIPES, UsageError, parse_args
+from trainer.worker.model import sft_config
 
 CPU = ["--use_gpu=false", "--quantization=none"]
 
@@ -122,8 +122,8 @@ def test_one_and_two_workers_take_the_same_steps(ray_cluster, tiny_model, cache_
 def test_each_segment_keeps_its_batch_shape(tmp_path) -> None:
     """summary.json's batch_shapes: one entry per worker-group start (elastic: per size), the segments a
     restart recomputes (from its checkpoint's step on) dropped."""
-    from storage import Storage
-    from worker import record_segment
+    from trainer.job.storage import Storage
+    from trainer.worker.worker import record_segment
 
     run = Storage(str(tmp_path / "run"))
     assert record_segment(run, 0, 2, split_batch(8, 2, 2)) == [

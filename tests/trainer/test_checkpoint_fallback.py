@@ -8,14 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import vision_train
-from runs import checkpoint_problem, registered_checkpoints
-from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.faults import KillWorkerAfterStep
-from tests.trainer.test_checkpoint_check import flip_a_bit
+from tests.trainer.job.test_checkpoint_check import flip_a_bit
 from tests.trainer.test_ray_job import N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records
+from trainer import vision_train
+from trainer.job.runs import checkpoint_problem, registered_checkpoints
+from trainer.job.storage import Storage
 
 pytestmark = pytest.mark.slow
 

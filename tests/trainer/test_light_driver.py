@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ROOT / "trainer" / "vision_train.py"
+ENTRY = "trainer.vision_train"  # run as `python -m trainer.vision_train` from ROOT, which holds the package
 WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes",
                    "liger_kernel", "huggingface_hub", "safetensors", "tensorboardX")
-# Runs the entry point as `python vision_train.py ARGS` does, with a meta-path finder that refuses the
-# worker packages; then says which top-level modules got imported.
+WORKER_FOLDERS = ("trainer.data", "trainer.speed", "trainer.worker")  # the trainer's worker side: never on the head
+# Runs the entry point as `python -m trainer.vision_train ARGS` does, with a meta-path finder that refuses the
+# worker packages; then says which modules got imported.
 BLOCK = """
 import json, runpy, sys
 BLOCKED = set(json.loads(sys.argv[1]))
@@ -26,23 +27,25 @@ class Refuse:
 sys.meta_path.insert(0, Refuse())
 """
 RUNNER = BLOCK + """
-script, sys.argv = sys.argv[2], [sys.argv[2], *sys.argv[3:]]
-sys.path.insert(0, script.rsplit("/", 1)[0])
+module, sys.argv = sys.argv[2], [sys.argv[2], *sys.argv[3:]]
 try:
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 finally:
-    print("IMPORTED", json.dumps(sorted({m.partition(".")[0] for m in sys.modules})), file=sys.stderr)
+    print("IMPORTED", json.dumps(sorted(sys.modules)), file=sys.stderr)
 """
 
 
 def run_entry(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", RUNNER, json.dumps(WORKER_PACKAGES), str(ENTRY), *argv],
+    return subprocess.run([sys.executable, "-c", RUNNER, json.dumps(WORKER_PACKAGES), ENTRY, *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
 def imported(proc: subprocess.CompletedProcess) -> set[str]:
+    """The top-level packages the process imported, and the trainer's worker-side folders among its modules."""
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("IMPORTED "))
-    return set(json.loads(line.removeprefix("IMPORTED ")))
+    modules = json.loads(line.removeprefix("IMPORTED "))
+    assert "trainer.job.flags" in modules, "the trainer was not imported: the check would see nothing"
+    return {m.partition(".")[0] for m in modules} | {m for m in modules if m.startswith(WORKER_FOLDERS)}
 
 
 def test_help_needs_no_worker_package() -> None:
@@ -51,7 +54,7 @@ def test_help_needs_no_worker_package() -> None:
     assert proc.stdout.startswith("usage: vision_train.py")
     for name in ("--model_id", "--run_name", "--resume_from", "--recipe", "--bad_rows"):
         assert name in proc.stdout, name
-    assert not imported(proc) & set(WORKER_PACKAGES)
+    assert not imported(proc) & {*WORKER_PACKAGES, *WORKER_FOLDERS}
 
 
 def test_flag_validation_needs_no_worker_package() -> None:
@@ -61,7 +64,7 @@ def test_flag_validation_needs_no_worker_package() -> None:
     proc = run_entry("--use_gpu=false", "--quantization=4bit", "--lora_r=0")
     assert proc.returncode == 2, proc.stderr
     assert "quantization=4bit needs GPUs" in proc.stderr and "lora_r must be >= 1" in proc.stderr
-    assert not imported(proc) & set(WORKER_PACKAGES)
+    assert not imported(proc) & {*WORKER_PACKAGES, *WORKER_FOLDERS}
 
 
 def test_the_run_plan_needs_no_worker_package(tmp_path: Path) -> None:
@@ -72,38 +75,36 @@ def test_the_run_plan_needs_no_worker_package(tmp_path: Path) -> None:
     proc = run_entry("--use_gpu=false", "--quantization=none", f"--storage_path={tmp_path}", "--run_name=done")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "run done already finished at step 7; nothing to train"
-    assert not imported(proc) & set(WORKER_PACKAGES)
+    assert not imported(proc) & {*WORKER_PACKAGES, *WORKER_FOLDERS}
 
 
 CHECK_DATA = BLOCK + """
-sys.path.insert(0, sys.argv[2])
-from flags import parse_args
-from data import check_dataset_before_download
-args = parse_args(["--use_gpu=false", "--quantization=none", f"--dataset_name={sys.argv[3]}",
-                   f"--cache_dir={sys.argv[4]}"])
-print("ROWS", json.dumps(check_dataset_before_download(args, sys.argv[5] or None, "v1")))
-print("IMPORTED", json.dumps(sorted({m.partition(".")[0] for m in sys.modules})), file=sys.stderr)
+from trainer.job.flags import parse_args
+from trainer.job.dataset_check import check_dataset_before_download
+args = parse_args(["--use_gpu=false", "--quantization=none", f"--dataset_name={sys.argv[2]}",
+                   f"--cache_dir={sys.argv[3]}"])
+print("ROWS", json.dumps(check_dataset_before_download(args, sys.argv[4] or None, "v1")))
+print("IMPORTED", json.dumps(sorted(sys.modules)), file=sys.stderr)
 """
 
 
 def check_data_on_head(dataset: str, cache: Path, emulator: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHECK_DATA, json.dumps(WORKER_PACKAGES), str(ENTRY.parent), dataset,
-                           str(cache), emulator], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", CHECK_DATA, json.dumps(WORKER_PACKAGES), dataset, str(cache), emulator],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_the_driver_checks_gs_data_with_ray_only(fake_gcs: str, tmp_path: Path) -> None:
     """The driver's up-front data check (columns, row count) of gs:// data runs on a Ray-only head (the stock
     Ray image: no datasets, no torch). Seen on the real cluster of `make e2e`: `import datasets` failed the job."""
-    from storage import Storage
-
     from tests.trainer.conftest import GCS_BUCKET
     from tests.trainer.test_scale import upload_rows
+    from trainer.job.storage import Storage
 
     uri = upload_rows(Storage(root=f"gs://{GCS_BUCKET}/light-driver", emulator_host=fake_gcs), 6, tmp_path / "w")
     proc = check_data_on_head(uri, tmp_path / "cache", fake_gcs)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ROWS 6" in proc.stdout
-    assert not imported(proc) & set(WORKER_PACKAGES)
+    assert not imported(proc) & {*WORKER_PACKAGES, *WORKER_FOLDERS}
 
 
 def test_the_driver_leaves_a_hub_dataset_to_the_workers(tmp_path: Path) -> None:

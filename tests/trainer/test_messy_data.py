@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-import vision_train
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.faults import RemoveFileOnTrainBegin
 from tests.trainer.messy import BAD_REASONS, write_messy_jsonl
 from tests.trainer.test_ray_job import job_flags, records
+from trainer import vision_train
 
 pytestmark = pytest.mark.slow
 

@@ -11,17 +11,17 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 import torch
-import vision_train
-from data import prepare_data
-from encoding import LABEL_IGNORE
-from flags import parse_args
-from runs import MERGED_DIR
-from storage import Storage
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.faults import KillWorkerAfterStep, RefuseOnRankOne
 from tests.trainer.faults import marker as fault_marker
+from trainer import vision_train
+from trainer.data.dataset import prepare_data
+from trainer.data.encoding import LABEL_IGNORE
+from trainer.job.flags import parse_args
+from trainer.job.runs import MERGED_DIR
+from trainer.job.storage import Storage
 
 pytestmark = pytest.mark.slow
 

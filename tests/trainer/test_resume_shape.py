@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-import vision_train
-from flags import UsageError
-from runs import RUNS_DIR
 
-from tests.trainer.test_checkpoint_check import write_checkpoint
-from tests.trainer.test_run_definition import CPU, FIRST, crashed, plan  # noqa: F401 - crashed is a fixture
+from tests.trainer.job.test_checkpoint_check import write_checkpoint
+from tests.trainer.job.test_run_definition import CPU, FIRST, crashed, plan  # noqa: F401 - crashed is a fixture
+from trainer import vision_train
+from trainer.job.flags import UsageError
+from trainer.job.runs import RUNS_DIR
 
 SHAPE_CHANGES = {
     "--lora_r=8": "lora_r 16 → 8",

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import vision_train
-from flags import UsageError, parse_args
-from runs import plan_run
-from storage import storage_for
 
 from demo.sample_data import build_sample_dataset
 from tests.trainer.faults import KillWorkerAfterStep
 from tests.trainer.test_ray_job import FAULT_AT_STEP, N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records
+from trainer import vision_train
+from trainer.job.flags import UsageError, parse_args
+from trainer.job.runs import plan_run
+from trainer.job.storage import storage_for
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import vision_train as vt
-from storage import Storage
 
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.faults import KillWorkerAfterStep
+from trainer import vision_train as vt
+from trainer.job.storage import Storage
 
 pytestmark = pytest.mark.slow
 

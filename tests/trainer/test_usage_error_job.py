@@ -19,19 +19,18 @@ from tests.trainer.test_ray_job import job_flags
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTRY = ROOT / "trainer" / "vision_train.py"
+ENTRY = "trainer.vision_train"  # run as `python -m trainer.vision_train` from ROOT
 N_GOOD = 6
 RUNNER = """
 import runpy, sys
 import ray
-address, script = sys.argv[1:3]
+address, module = sys.argv[1:3]
 # log_to_driver: the workers' and controller's logs reach this console. RAY_ADDRESS: this cluster for the State
 # API clients in the job's actors (Ray Train's PlacementGroupCleaner), where other local Ray clusters may run.
 ray.init(address=address, runtime_env={"env_vars": {"RAY_ADDRESS": address}})
 print("JOB", ray.get_runtime_context().get_job_id(), file=sys.stderr, flush=True)
-sys.argv = [script, *sys.argv[3:]]
-sys.path.insert(0, script.rsplit("/", 1)[0])
-runpy.run_path(script, run_name="__main__")
+sys.argv = [module, *sys.argv[3:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
@@ -47,8 +46,8 @@ def run_driver(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
     import ray
     from ray._private import state
 
-    proc = subprocess.run([sys.executable, "-c", RUNNER, ray.get_runtime_context().gcs_address, str(ENTRY), *argv],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", RUNNER, ray.get_runtime_context().gcs_address, ENTRY, *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     job = next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("JOB "))
     actors = state.actors(job_id=ray.JobID.from_hex(job)).values()
     return proc, sum(1 for a in actors if a.get("ActorClassName", "").endswith("RayTrainWorker"))

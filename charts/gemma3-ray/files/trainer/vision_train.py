@@ -14,16 +14,16 @@ configurable and resumable:
   ``metrics.jsonl``, ``summary.json`` and TensorBoard events sit next to it. A finished run is never
   trained again; ``--resume_from`` continues an earlier run explicitly.
 
-This module and what it imports use only the standard library and Ray: the head node needs nothing else
-to parse, validate, plan and run the job (Ray Train's DataParallelTrainer with torch_backend, not
-TorchTrainer, whose package imports torch); the workers' code is in worker.py and its imports.
-Modules: flags (arguments, recipes, checks), storage, runs (run identity), data, encoding, model,
-metrics (metrics.jsonl, summary.json), worker, torch_backend (Ray Train's torch process group, set up
-without torch on the head), worker_runtime_env (what only the workers install).
+This module and what it imports (``trainer.job``) use only the standard library and Ray: the head node
+needs nothing else to parse, validate, plan and run the job (Ray Train's DataParallelTrainer with
+job.torch_backend, not TorchTrainer, whose package imports torch). The workers' code is ``trainer.worker``
+(the torch side) with ``trainer.data`` and ``trainer.speed``, imported only inside train_loop_per_worker,
+which runs on the workers. tests/trainer/test_layering.py holds the package to that.
 
-Usage (flags are ``--name=value``; booleans ``true|false``; maps as JSON; see trainer/README.md)::
+Usage (run from the directory that holds the ``trainer`` package; flags are ``--name=value``; booleans
+``true|false``; maps as JSON; see trainer/README.md)::
 
-    python vision_train.py --model_id=google/gemma-3-4b-it --num_workers=16 --storage_path=gs://b/runs
+    python -m trainer.vision_train --model_id=google/gemma-3-4b-it --num_workers=16 --storage_path=gs://b/runs
 """
 
 from __future__ import annotations
@@ -36,20 +36,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import run_definition
-import run_report
-import startup_timing
-import stored
-from data import check_dataset_before_download
-from elastic import describe, ray_num_workers, run_shapes
-from epochs import check_known_rows
-from flags import UsageError, extra_pip, parse_args
-from runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, set_aside
-from storage import storage_for
-from torch_backend import TorchBackendConfig
-from worker_runtime_env import worker_runtime_env
+from trainer.job import run_definition, run_report, startup_timing, stored
+from trainer.job.dataset_check import check_dataset_before_download
+from trainer.job.elastic import describe, ray_num_workers, run_shapes
+from trainer.job.epochs import check_known_rows
+from trainer.job.flags import UsageError, extra_pip, parse_args
+from trainer.job.runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, set_aside
+from trainer.job.storage import storage_for
+from trainer.job.torch_backend import TorchBackendConfig
+from trainer.job.worker_runtime_env import worker_runtime_env
 
-CODE_DIR = str(Path(__file__).resolve().parent)
+# The directory that holds the `trainer` package: the job's working directory on a cluster.
+CODE_DIR = str(Path(__file__).resolve().parents[1])
 SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", "skipped_rows", "skipped_in_training",
                 "rows_per_epoch", "rows_left_out_per_epoch",
                 "global_batch_size", "micro_batch_size", "gradient_accumulation_steps", "first_train_loss",
@@ -60,20 +58,21 @@ SUMMARY_KEYS = ["run_name", "global_step", "epochs", "train_rows", "eval_rows", 
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train's worker entry: make the trainer's modules importable on this node, then train.
+    """Ray Train's worker entry: make the trainer package importable on this node, then train.
 
     Defined here (stdlib only) so that it unpickles on a worker before any trainer module is imported;
-    the modules come from the job's working directory, or from the same path as on the driver (the chart
-    mounts the trainer at one path on every pod).
+    the package comes from the job's working directory (the chart's working_dir), or from the same path
+    as on the driver. The only place the driver's module reaches into trainer.worker: this runs on the
+    workers.
     """
     if isinstance(config.get("startup"), dict):
         config["startup"]["loop_start"] = time.time()  # the job start split: before the trainer's imports
     if os.path.isdir(config["code_dir"]) and config["code_dir"] not in sys.path:
         sys.path.insert(0, config["code_dir"])
-    import quiet_logs
+    from trainer.worker import quiet_logs
 
     quiet_logs.install()  # before transformers, datasets and bitsandbytes are imported
-    import worker
+    from trainer.worker import worker
 
     worker.train(config)
 
@@ -112,7 +111,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None) -> dict[s
         raise SystemExit(2) from e
 
     import ray.train
-    from usage_stop import UsageStopTrainer  # DataParallelTrainer (no torch), no retry of a usage error
+
+    from trainer.job.usage_stop import (
+        UsageStopTrainer,  # DataParallelTrainer (no torch), no retry of a usage error
+    )
 
     fs, base = storage.fs()
     fs.create_dir(base, recursive=True)

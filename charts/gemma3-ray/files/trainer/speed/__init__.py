@@ -1,0 +1,9 @@
+"""speed: the speed levers and kernels, each chosen by a flag.
+
+Owns: turning the levers on for a trainer (``speed_levers``); fused LoRA layers, their Triton kernels
+and their PEFT wiring (``fast_lora``, ``fast_lora_kernels``, ``fast_lora_peft``); the frozen vision
+features cached (``feature_cache``); the compile cache kept on storage (``compile_cache``); per-step
+levers (``step_levers``); the vision tower's attention backend (``vision_attention``).
+
+May import: job.
+"""

@@ -1,0 +1,1 @@
+"""Tests of trainer/data/ (the folder of the same name)."""

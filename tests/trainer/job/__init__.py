@@ -1,0 +1,1 @@
+"""Tests of trainer/job/ (the folder of the same name)."""

@@ -1,0 +1,1 @@
+"""Tests of trainer/speed/ (the folder of the same name)."""

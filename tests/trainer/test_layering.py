@@ -1,0 +1,334 @@
+"""The trainer package's module graph, read from its source: its folders import one way (each only the
+folders its ``__init__`` names under "May import"), no import cycle (imports inside functions count), and
+the driver's side stays light: ``job/`` and ``vision_train`` import nothing but the standard library,
+Ray, pyarrow and ``job/`` (the one exception: ``vision_train.train_loop_per_worker``, the workers' entry,
+imports ``worker/``; and the functions of ``job/`` that Ray runs on the workers, named in
+``RUN_ON_WORKERS``). A process that cannot import torch & co imports the driver, as the stock Ray head
+does; and nothing in bench/, tests/, scripts/, demo/ or e2e/ loads the trainer by file path."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "trainer"
+SOURCE = ROOT / PACKAGE
+ENTRY = "vision_train"  # the driver's entry, above every folder
+WORKER_ENTRY = "train_loop_per_worker"  # vision_train's function that Ray Train runs on the workers
+DRIVER_FOLDER = "job"
+# The third-party packages the driver's side may import: Ray, and pyarrow (Ray Train requires it).
+DRIVER_PACKAGES = {"ray", "pyarrow"}
+# Worker packages: never imported by the driver's process (the stock Ray head has none of them).
+WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes",
+                   "safetensors", "huggingface_hub", "triton", "liger_kernel")
+# Functions of job/ modules that Ray runs on the workers only (passed to worker_group.execute*): they
+# may import worker packages in their bodies. Each must be used only as such an argument.
+RUN_ON_WORKERS = {("job.torch_backend", "_setup_process_group"): "torch.distributed.is_available(), as Ray's own"}
+
+
+def _name(path: Path) -> str:
+    """``job/flags.py`` -> ``job.flags``; a folder's ``__init__.py`` -> the folder; the package's own -> ``""``."""
+    parts = list(path.relative_to(SOURCE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _files() -> dict[str, Path]:
+    return {_name(p): p for p in sorted(SOURCE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def folders() -> list[str]:
+    return sorted(p.parent.name for p in SOURCE.glob("*/__init__.py"))
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in (``""``: the package's top level)."""
+    return module.split(".")[0] if "." in module or module in folders() else ""
+
+
+def _import_nodes(tree: ast.AST):
+    """(node, dotted names it imports) for every absolute import of a module's source, at any depth."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield node, [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"line {node.lineno}: relative import; the trainer imports by absolute name"
+            yield node, [f"{node.module}.{a.name}" for a in node.names]
+
+
+def _package_modules(names: list[str], files: dict[str, Path]) -> set[str]:
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        if parts[0] != PACKAGE:
+            continue
+        dotted = ".".join(parts[1:])
+        while dotted and dotted not in files:  # a symbol: the module it comes from
+            dotted = dotted.rpartition(".")[0]
+        found.add(dotted)
+    return found
+
+
+def imports(module: str, files: dict[str, Path] | None = None) -> set[str]:
+    """The package's modules that ``module`` imports, anywhere in its source."""
+    files = files or _files()
+    found: set[str] = set()
+    for _, names in _import_nodes(ast.parse(files[module].read_text(encoding="utf-8"))):
+        found |= _package_modules(names, files)
+    return found - {module, ""}
+
+
+def graph() -> dict[str, set[str]]:
+    files = _files()
+    return {m: imports(m, files) for m in sorted(files) if m}
+
+
+def may_import() -> dict[str, set[str]]:
+    """Each folder's allowed folders, as its ``__init__`` docstring says ("May import: a, b" or "nothing")."""
+    allowed: dict[str, set[str]] = {}
+    for folder in folders():
+        doc = ast.get_docstring(ast.parse((SOURCE / folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        m = re.search(r"^May import: (.+?)(?:\n\n|\Z)", doc, re.M | re.S)
+        assert m, f"{folder}/__init__.py: its docstring lacks the 'May import: ...' paragraph"
+        text = re.sub(r"\([^)]*\)", "", m[1])  # a note in parentheses says why
+        allowed[folder] = set() if text.startswith("nothing") else {w.strip(" .\n") for w in text.split(",")}
+    return allowed
+
+
+def layer_violations(g: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
+    """Every import from one folder into another its ``__init__`` does not allow."""
+    out = []
+    for module, deps in sorted(g.items()):
+        here = folder_of(module)
+        if not here:  # the entry is checked on its own (test_the_driver_entry_imports_job_only)
+            continue
+        for dep in sorted(deps):
+            there = folder_of(dep)
+            if there != here and there not in allowed.get(here, set()):
+                out.append(f"{module} imports {dep} ({here}/ may import: "
+                           f"{', '.join(sorted(allowed.get(here, ()))) or 'nothing'})")
+    return out
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """One sorted list of modules per strongly connected component that holds a cycle (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _enclosing_functions(tree: ast.AST) -> dict[ast.AST, str]:
+    """Each import node -> the name of the outermost function it sits in ("" at module level)."""
+    out: dict[ast.AST, str] = {}
+
+    def walk(node: ast.AST, fn: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = fn or (child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else "")
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out[child] = inner
+            walk(child, inner)
+
+    walk(tree, "")
+    return out
+
+
+def driver_side_problems(module: str, source: str) -> list[str]:
+    """What a driver-side module (job/, the entry) imports beyond the standard library, Ray, pyarrow and job/."""
+    tree = ast.parse(source)
+    where = _enclosing_functions(tree)
+    files = _files()
+    out = []
+    for node, names in _import_nodes(tree):
+        fn = where[node]
+        for name in names:
+            top = name.split(".")[0]
+            if top in sys.stdlib_module_names or top in DRIVER_PACKAGES or top == "__future__":
+                continue
+            if top == PACKAGE:
+                deps = _package_modules([name], files)
+                allowed = {DRIVER_FOLDER, "worker"} if (module, fn) == (ENTRY, WORKER_ENTRY) else {DRIVER_FOLDER}
+                out += [f"{module}: line {node.lineno} imports {PACKAGE}.{d}" for d in sorted(deps)
+                        if folder_of(d) not in allowed]
+            elif (module, fn) not in RUN_ON_WORKERS:
+                out.append(f"{module}: line {node.lineno} imports {top}" + (f" (in {fn})" if fn else ""))
+    return out
+
+
+def test_the_graph_is_read_from_the_source() -> None:
+    g = graph()
+    assert {"job.flags", "job.runs", "job.storage", "job.dataset_check"} <= g[ENTRY]
+    assert "job.flags" in g["data.dataset"] and "data.dataset" in g["worker.model"]
+    assert g["worker.model"] >= {"data.sampler", "speed.speed_levers"}  # lazy imports count
+    assert set(folders()) == {"job", "data", "speed", "worker"}
+    assert _package_modules(["trainer.job.flags.UsageError", "trainer.job"], _files()) == {"job.flags", "job"}
+
+
+def test_the_checks_find_what_they_look_for() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    upward = {"job.flags": {"worker.model"}, "worker.model": {"job.flags"}}
+    assert layer_violations(upward, {"job": set(), "worker": {"job"}}) == [
+        "job.flags imports worker.model (job/ may import: nothing)"]
+    assert driver_side_problems("job.x", "import json\nimport ray.train\nimport pyarrow.fs\n") == []
+    assert driver_side_problems("job.x", "def f():\n    import torch\n") == ["job.x: line 2 imports torch (in f)"]
+    assert driver_side_problems("job.x", "from transformers import TrainerCallback\n") == [
+        "job.x: line 1 imports transformers"]
+    assert driver_side_problems("job.x", "from trainer.data import dataset\n") == ["job.x: line 1 imports trainer.data.dataset"]
+    assert driver_side_problems(ENTRY, "def main():\n    from trainer.worker import worker\n") == [
+        f"{ENTRY}: line 2 imports trainer.worker.worker"]
+    assert driver_side_problems(ENTRY, f"def {WORKER_ENTRY}(c):\n    from trainer.worker import worker\n") == []
+
+
+def test_each_folder_says_what_it_owns_and_its_layers_go_one_way() -> None:
+    allowed = may_import()
+    files = _files()
+    for folder, deps in allowed.items():
+        doc = ast.get_docstring(ast.parse((SOURCE / folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        assert doc.startswith(f"{folder}: ") and "\nOwns: " in doc, f"{folder}/__init__.py: '{folder}: ...', then 'Owns: ...'"
+        assert deps <= set(allowed), f"{folder}/ may import folders that do not exist: {deps - set(allowed)}"
+        modules = {m.split(".", 1)[1] for m in files if folder_of(m) == folder and "." in m}
+        named = set(re.findall(r"``(\w+)``", doc.split("\nMay import:")[0]))
+        assert named == modules, f"{folder}/__init__.py names {sorted(named)}, the folder holds {sorted(modules)}"
+    assert allowed[DRIVER_FOLDER] == set(), "job/ is the bottom floor: the driver imports it"
+    assert cycles(allowed) == [], "the folders' 'May import' lines must form layers (no two folders import each other)"
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    assert layer_violations(graph(), may_import()) == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(graph()) == []
+
+
+def test_nothing_imports_the_driver_entry() -> None:
+    assert sorted(m for m, deps in graph().items() if ENTRY in deps) == []
+
+
+def test_job_and_the_driver_entry_import_only_the_standard_library_ray_and_job() -> None:
+    files = _files()
+    problems = []
+    for module, path in files.items():
+        if module == ENTRY or folder_of(module) == DRIVER_FOLDER:
+            problems += driver_side_problems(module, path.read_text(encoding="utf-8"))
+    assert problems == []
+
+
+def test_functions_of_job_that_import_worker_packages_run_on_the_workers_only() -> None:
+    """Each RUN_ON_WORKERS function exists and is used only as the function of a worker_group.execute* call."""
+    files = _files()
+    for (module, fn), why in RUN_ON_WORKERS.items():
+        assert why
+        tree = ast.parse(files[module].read_text(encoding="utf-8"))
+        assert any(isinstance(n, ast.FunctionDef) and n.name == fn for n in tree.body), f"{module}.{fn} is gone"
+        uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == fn]
+        calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                 and c.func.attr.startswith("execute") and any(a is u for a in c.args for u in uses)]
+        assert uses and len(calls) == len(uses), f"{module}.{fn} must be used only as worker_group.execute*(…, {fn}, …)"
+
+
+def test_package_inits_import_nothing() -> None:
+    for path in _files().values():
+        if path.name == "__init__.py":
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            assert [type(n).__name__ for n in tree.body] == ["Expr"], f"{path}: a docstring only"
+
+
+BLOCKED_IMPORT = """
+import importlib, json, pkgutil, sys
+BLOCKED = set(json.loads(sys.argv[1]))
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"{name} is not installed on this head", name=name)
+sys.meta_path.insert(0, Refuse())
+import trainer.vision_train
+for info in pkgutil.iter_modules(importlib.import_module("trainer.job").__path__, "trainer.job."):
+    importlib.import_module(info.name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_driver_and_job_import_in_a_process_without_worker_packages() -> None:
+    """As on the stock Ray head (no torch, transformers, …): the entry and every job/ module import, and
+    neither a worker package nor a worker folder of the trainer is loaded."""
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_IMPORT, json.dumps(WORKER_PACKAGES)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "trainer.job.flags" in loaded and "trainer.vision_train" in loaded
+    assert [m for m in loaded if m.split(".")[0] in WORKER_PACKAGES] == []
+    assert [m for m in loaded if m.startswith(("trainer.data", "trainer.speed", "trainer.worker"))] == []
+
+
+LOADERS = re.compile(r"sys\.path\.insert|sys\.path\[:0\]|sys\.path\.append|spec_from_file_location|runpy\.run_path")
+# Every line of bench/, tests/, scripts/, demo/ and e2e/ that puts a path on sys.path or loads a file as a module,
+# and why it is no trainer load. A new one fails the test below until it is listed here (or becomes an import).
+NOT_TRAINER_LOADS = {
+    ("tests/conftest.py", "sys.path.insert(0, str(path))"): "the checkout root and plugin/ (the gemma3_ray package)",
+    ("tests/chart/conftest.py", "sys.path.insert(0, str(Path(__file__).resolve().parent))"): "the chart tests' helpers",
+    ("tests/lifecycle/conftest.py", "sys.path.insert(0, str(Path(__file__).resolve().parent))"): "lifecycle helpers",
+    ("tests/lifecycle/conftest.py", 'sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))'):
+        "the chart tests' helpers",
+    ("tests/bench/conftest.py", 'spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")'):
+        "bench/ scripts (not a package)",
+    ("tests/test_bench_report.py", 'spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")'):
+        "bench/report.py",
+    ("tests/trainer/test_light_driver_job.py",
+     'spec = importlib.util.spec_from_file_location("import_blocker", os.path.join(site, "sitecustomize.py"))'):
+        "the test's import blocker, installed as sitecustomize",
+    ("bench/bench.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer...`, `import demo...`",
+    ("bench/kernel_check.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer.speed...`",
+    ("bench/runtime_env_install.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import demo...`",
+    ("bench/scale.py", "sys.path[:0] = [str(ROOT)]"): "the checkout root: `import trainer...`, `import demo...`",
+}
+
+
+def test_nothing_loads_the_trainer_by_file_path() -> None:
+    """bench/, tests/, scripts/, demo/ and e2e/ import the trainer as the package, never by a path: every line
+    that loads by path is one of NOT_TRAINER_LOADS, each with its reason."""
+    found = set()
+    for folder in ("bench", "tests", "scripts", "demo", "e2e"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(__file__):
+                continue
+            for line in path.read_text(encoding="utf-8").splitlines():
+                code = line.split("  #", 1)[0].strip()
+                if LOADERS.search(code):
+                    found.add((path.relative_to(ROOT).as_posix(), code))
+    assert sorted(found - set(NOT_TRAINER_LOADS)) == [], "a path load: import the trainer package instead"
+    assert sorted(set(NOT_TRAINER_LOADS) - found) == [], "listed loads that are gone: take them off the list"

@@ -1,0 +1,1 @@
+"""Tests of trainer/worker/ (the folder of the same name)."""

@@ -2,8 +2,8 @@
 """The comparison table of one bench call (bench/call.py's results file), its check against the expectations
 of bench/scenarios.toml, and bench/RESULTS.md from it.
 
-    python3 bench/report.py bench/results/CALL.jsonl            # the table and the check (exit 1: out of range)
-    python3 bench/report.py bench/results/CALL.jsonl --write bench/RESULTS.md
+    python3 -m bench.report bench/results/CALL.jsonl            # the table and the check (exit 1: out of range)
+    python3 -m bench.report bench/results/CALL.jsonl --write bench/RESULTS.md
 
 `--write` replaces only the speed section (between the `speed:begin`/`speed:end` markers; at the top
 when the file has none) and keeps every other section of the file as it is.
@@ -95,7 +95,9 @@ ROW_TEXT = {
     TUTORIAL: "the tutorial's recipe: 4-bit NF4, eager, checkpointing, 1 × 4, embeddings trained",
     PLAIN: "plain TRL + PEFT as a careful user writes it: bf16, sdpa, no Liger, fp32 adapters, no loader workers",
     "round1": "the fast recipe as round 1 left it (Liger, bf16 adapters, loader workers; PEFT's LoRA layer)",
-    DEFAULT: "**default** (`--recipe=fast`): round 1 + fused LoRA layers, which make micro-batch 16 fit",
+    DEFAULT: "**default** (`--recipe=fast`): fused LoRA layers at micro-batch 16, cuDNN LM attention, the lean step, "
+             "SigLIP attention by the device (FA4 where installed)",
+    UNSLOTH: "Unsloth's own path (`FastVisionModel`, its collator) on the same rows, LoRA set and global batch",
     FREEZE: "**`freeze_vision`**, LoRA on the language model, image features reused: the tutorial's 3 epochs",
 }
 
@@ -147,7 +149,7 @@ def headline(rows: dict[str, dict[str, Any]], source: str, others: dict[str, dic
 def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | None,
             others: dict[str, dict[str, Any]] | None = None, others_source: str = "") -> str:
     fv = ((others or {}).get(FREEZE) or rows.get(FREEZE) or {}).get("workload") or {}
-    v = next(iter(rows.values())).get("versions", {})
+    v = next((r["versions"] for r in rows.values() if r.get("versions", {}).get("torch")), {})
     calls = sorted({r.get("call") for r in rows.values() if r.get("call")})
     head = [
         *headline(rows, source, others, others_source),
@@ -164,8 +166,8 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
         "synthetic. Every row trains at the tutorial's global batch 64 (micro-batch × accumulation on one GPU) "
         "with LoRA r16 / α16 / dropout 0.05 on all linear layers, except the tutorial row (its own 1 × 4) and "
         "`freeze_vision` (LoRA on the language model). Timing: synchronised wall time of each optimizer step "
-        "after 1 warm-up step, 3 timed steps, then 1 step with per-phase hooks (excluded); the `freeze_vision` "
-        "row is `trainer.train()`'s wall time over 3 epochs of 1,345 rows.",
+        "after the warm-up steps (the scenario's options in bench/scenarios.toml; a profiled step after them is "
+        "excluded); the `freeze_vision` row is `trainer.train()`'s wall time over 3 epochs of 1,345 rows.",
         "",
         table(rows),
         "",
@@ -184,10 +186,9 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
         "under 110 GiB (an earlier call of the same code, `round2-call3-h200.jsonl`, saw 108.5). On an 80 GB "
         "H100 set `per_device_train_batch_size=8`.",
         "",
-        "## Where the time goes (per optimizer step of 64 samples, from the phase-hook step)",
-        "",
-        phases(rows, [n for n in (PLAIN, "round1", DEFAULT) if n in rows and rows[n].get("phase_s_per_step")]),
-        "",
+        *(["## Where the time goes (per optimizer step of 64 samples, from the phase-hook step)", "",
+           phases(rows, timed), ""] if (timed := [n for n in (PLAIN, "round1", DEFAULT)
+                                                   if n in rows and rows[n].get("phase_s_per_step")]) else []),
         "## Loss on the same batches (same seed and data order; dropout masks differ)",
         "",
         "The fused layer keeps PEFT's semantics; per-step training loss over the same 64-sample batches:",

@@ -62,3 +62,17 @@ def test_apply_to_swaps_frozen_layer_norms_only():
     (g_after,) = torch.autograd.grad(after.sum(), (x,))
     assert torch.allclose(before, after, atol=1e-5) and torch.allclose(g_before, g_after, atol=1e-5)
     assert getattr(model[0], frozen_norm.MARK, False) and not getattr(model[2], frozen_norm.MARK, False)
+
+
+def test_at_train_begin_wins_over_a_later_patch_like_liger():
+    """The Trainer applies Liger in train(), after the levers: the callback routes the norms once training starts."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    report: dict = {"applied": None}
+    callback = frozen_norm.at_train_begin(model, report)
+    model[0].forward = lambda x: x * 0  # a patch applied after the levers (as Liger's is)
+    callback.on_train_begin(None, None, None)
+    assert report["applied"] == 1
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), F.layer_norm(x, (8,), model[0].weight, model[0].bias, model[0].eps))

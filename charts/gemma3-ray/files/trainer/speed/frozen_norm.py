@@ -7,7 +7,9 @@ its backward anyway: 0.51 ms a call at [65,536, 1,152] bf16, 110 ms of an optimi
 2026-12-02). PyTorch's native kernel, told that neither needs a gradient, computes the input gradient alone:
 0.142 ms a call on an H200 (bench/results/2026-12-02-1818-kernels.jsonl; forward 0.166 ms against Liger's
 0.149), the same function (fp32 statistics, output in x's dtype). `apply_to` swaps the forward of each
-eligible module under a model: a LayerNorm (torch's or Liger's) whose weight and bias are frozen. It is a
+eligible module under a model: a LayerNorm (torch's or Liger's) whose weight and bias are frozen; in a Trainer,
+`at_train_begin` does it when training starts, after the Trainer's own Liger patch (bench/RESULTS.md, round 5:
+applied before it, Liger's patch replaced this one). It is a
 PyTorch kernel on every architecture, so there is no per-capability choice to make. torch is imported inside
 functions: the Ray driver never imports it.
 """
@@ -49,3 +51,15 @@ def apply_to(root) -> int:
         setattr(module, MARK, True)
         count += 1
     return count
+
+
+def at_train_begin(root, report: dict):
+    """A Trainer callback that routes `root`'s frozen LayerNorms at the start of training: after the Trainer has
+    applied Liger (in `train()`), whose patch would otherwise replace this one; `report["applied"]` says how many."""
+    from transformers import TrainerCallback
+
+    class FrozenNorms(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            report["applied"] = apply_to(root)
+
+    return FrozenNorms()

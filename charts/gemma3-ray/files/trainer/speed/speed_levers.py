@@ -43,7 +43,11 @@ def apply(args, model, trainer=None) -> dict[str, Any]:
     if args.frozen_norms:
         from trainer.speed import frozen_norm
 
-        levers["frozen_norms"] = frozen_norm.apply_to(core.vision_tower)
+        if trainer is None:
+            levers["frozen_norms"] = frozen_norm.apply_to(core.vision_tower)
+        else:  # the Trainer applies Liger (which patches these modules) when train() starts: after it
+            levers["frozen_norms"] = report = {"applied": None}
+            trainer.add_callback(frozen_norm.at_train_begin(core.vision_tower, report))
     if args.lm_attention == "cudnn" and args.attn_implementation == "sdpa":
         from trainer.speed import step_levers
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from e2e.harness import BUCKET, DATA_URI, MODEL_URI, ROOT, Harness, Images, run_script
 from e2e.kube import Kube, StageError
+from e2e.stage_table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
+from e2e.stage_table import run as run_stages
 from e2e.stages import Record
 from e2e.storage import start_storage
 
@@ -34,10 +36,10 @@ def say(msg: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="make e2e", description=__doc__.splitlines()[0])
     p.add_argument("--keep", action="store_true", help="leave the local cluster and the releases running")
-    p.add_argument("--only", default="first,ct", help="comma-separated stage groups: first, ct, day2 (default: "
-                   "first,ct; day2 — upgrade, rollback, uninstall, lost worker/head, elastic, Kueue, restricted pods — "
-                   "needs first)")
-    p.add_argument("--skip", default="", help="day2 stages to leave out while developing: upgrade,rollback,uninstall")
+    p.add_argument("--only", default=DEFAULT_ONLY, help="comma-separated groups or stages to run: first, ct, day2 "
+                   "(default: first,ct; day2 needs first); `python -m e2e.stage_table` lists every stage")
+    p.add_argument("--skip", default="", help="comma-separated stages or groups to leave out (each gets a row "
+                   "'not run: skipped'; the stages that need one are 'not run: precondition unmet')")
     return p.parse_args(argv)
 
 
@@ -53,6 +55,7 @@ def start_cluster(rec: Record, stack: list) -> tuple[Path, str, bool]:
             raise StageError("KUBECONFIG is set but E2E_STORAGE_HOST is not: set it to an address of this machine "
                              "that the cluster's pods reach (the storage server listens there), or unset KUBECONFIG "
                              "to use the local cluster")
+        rec.not_run("cluster start", "KUBECONFIG is set: its cluster is used")
         return Path(os.environ["KUBECONFIG"]), host, False
     if os.geteuid() != 0 or sys.platform != "linux":
         raise StageError("the local cluster needs root on Linux (containerd, the kubelet, iptables); "
@@ -72,6 +75,7 @@ def images(rec: Record, local: bool, kube: Kube) -> Images:
         if not (head and worker):
             raise StageError("set E2E_HEAD_IMAGE (Ray only) and E2E_WORKER_IMAGE (images/trainer/Dockerfile) "
                              "to images the cluster's nodes have")
+        rec.not_run("images", "E2E_HEAD_IMAGE and E2E_WORKER_IMAGE name the images")
         return Images(head, worker)
     with rec.stage("images", "e2e/image.sh: the base and images/trainer/Dockerfile, no registry") as st:
         run_script([str(IMAGE_SH), "build"], OUT / "image.log", 3600, "image build")
@@ -102,9 +106,11 @@ def inputs(rec: Record, host: str, stack: list):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    groups = set(filter(None, args.only.split(",")))
-    if not groups <= {"first", "ct", "day2"} or ("day2" in groups and "first" not in groups):
-        say(f"[e2e] --only={args.only}: name stage groups among first, ct, day2 (day2 needs first)")
+    try:
+        reasons = select(args.only, args.skip)
+        deadline = deadline_from_env(os.environ.get("E2E_DEADLINE"))
+    except (SelectionError, StageError) as e:
+        say(f"[e2e] {e}")
         return 2
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
@@ -113,33 +119,44 @@ def main(argv: list[str] | None = None) -> int:
     stack: list = []
     harness: Harness | None = None
     code = 1
+    error = ""
     try:
         kubeconfig, host, local = start_cluster(rec, stack)
         kube = Kube(kubeconfig, OUT / "e2e.log", helm=os.environ.get("HELM", "helm"))
         imgs = images(rec, local, kube)
         storage = inputs(rec, host, stack)
         harness = Harness(kube, rec, storage, imgs, OUT)
-        if "first" in groups:
-            from e2e.first_run import first_release
-
-            first_release(harness)
-        if "ct" in groups:
-            from e2e.chart_testing import chart_testing
-
-            chart_testing(harness)
-        if "day2" in groups:
-            from e2e.day_two import day_two
-
-            day_two(harness, set(filter(None, args.skip.split(","))))
+        rec.facts["versions"] = _versions(kube)
+        harness.missing.update(_kuberay_preflight(kube))
+        run_stages(harness, rec, reasons, deadline=deadline)
         code = 0 if rec.ok else 1
     except StageError as e:
+        error = str(e)
         say(f"[e2e] FAILED: {e}")
     except KeyboardInterrupt:
         say("[e2e] interrupted: cleaning up")
         code = 130
     finally:
+        finish(rec, stop_reason(rec, code == 130, error), reasons=reasons)
         code = _cleanup(rec, harness, stack, args.keep, code)
     return code
+
+
+def _kuberay_preflight(kube: Kube) -> dict[str, str]:
+    from e2e.kuberay_stages import preflight
+
+    return preflight(kube)
+
+
+def _versions(kube: Kube) -> dict[str, str]:
+    from e2e.chart_testing import ct_binary
+    from e2e.versions import part_versions
+
+    try:
+        ct = ct_binary()
+    except Exception:  # noqa: BLE001 - ct not built: its version is unknown, the run goes on
+        ct = None
+    return part_versions(kube, ct)
 
 
 def _cleanup(rec: Record, harness: Harness | None, stack: list, keep: bool, code: int) -> int:

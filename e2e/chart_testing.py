@@ -20,32 +20,33 @@ def ct_binary() -> str:
     return f"{out.stdout.strip()}/ct"
 
 
-def chart_testing(h: Harness) -> None:
-    ct = ct_binary()
-    config = ROOT / "ct.yaml"
-    with h.record.stage("ct lint", "chart-testing lint with ct.yaml (every ci/ values file)") as st:
-        h.kube.run([ct, "lint", "--config", str(config)], timeout=600, what="ct lint")  # ct.yaml: all charts
-        st.detail = f"{len(list((CHART / 'ci').glob('*-values.yaml')))} ci values files"
-    with h.record.stage("ct install", f"chart-testing install + helm test with ci/{', '.join(CPU_NODE_VALUES)}") as st:
-        work = ROOT / "e2e-output" / "ct"
-        shutil.rmtree(work, ignore_errors=True)
-        copy = work / CHART.name
-        shutil.copytree(CHART, copy, symlinks=False)
-        for f in (copy / "ci").glob("*-values.yaml"):
-            if f.name not in CPU_NODE_VALUES:
-                f.unlink()
-        # ct.yaml as it is, but for the copy's folder (ct refuses --charts beside ct.yaml's `all: true`)
-        import yaml
+def ct_lint(h: Harness) -> str:
+    h.kube.run([ct_binary(), "lint", "--config", str(ROOT / "ct.yaml")], timeout=600, what="ct lint")  # all charts
+    return f"{len(list((CHART / 'ci').glob('*-values.yaml')))} ci values files"
 
-        cfg = yaml.safe_load(config.read_text())
-        cfg["chart-dirs"] = [str(work)]
-        for key in ("lint-conf", "chart-yaml-schema"):
-            cfg[key] = str(ROOT / cfg[key])
-        (work / "ct.yaml").write_text(yaml.safe_dump(cfg))
-        sets = " ".join(f"--set-string {shlex.quote(f'{k}={v}')}" for k, v in h.base_sets().items())
-        extra = f"--values {VALUES} {sets}"
-        h.kube.run([ct, "install", "--config", str(work / "ct.yaml"), "--helm-extra-set-args", extra,
-                    "--helm-extra-args", "--timeout 600s"], timeout=1200, what="ct install")
-        st.detail = "installed, helm test passed, uninstalled (ct's own namespace)"
-    if not (CHART / "ci" / CPU_NODE_VALUES[0]).is_file():
-        raise StageError(f"charts/gemma3-ray/ci/{CPU_NODE_VALUES[0]} is missing")
+
+def ct_install(h: Harness) -> str:
+    missing = [v for v in CPU_NODE_VALUES if not (CHART / "ci" / v).is_file()]
+    if missing:
+        raise StageError(f"charts/gemma3-ray/ci/{missing[0]} is missing")
+    config = ROOT / "ct.yaml"
+    work = ROOT / "e2e-output" / "ct"
+    shutil.rmtree(work, ignore_errors=True)
+    copy = work / CHART.name
+    shutil.copytree(CHART, copy, symlinks=False)
+    for f in (copy / "ci").glob("*-values.yaml"):
+        if f.name not in CPU_NODE_VALUES:
+            f.unlink()
+    # ct.yaml as it is, but for the copy's folder (ct refuses --charts beside ct.yaml's `all: true`)
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    cfg["chart-dirs"] = [str(work)]
+    for key in ("lint-conf", "chart-yaml-schema"):
+        cfg[key] = str(ROOT / cfg[key])
+    (work / "ct.yaml").write_text(yaml.safe_dump(cfg))
+    sets = " ".join(f"--set-string {shlex.quote(f'{k}={v}')}" for k, v in h.base_sets().items())
+    extra = f"--values {VALUES} {sets}"
+    h.kube.run([ct_binary(), "install", "--config", str(work / "ct.yaml"), "--helm-extra-set-args", extra,
+                "--helm-extra-args", "--timeout 600s"], timeout=1200, what="ct install")
+    return f"ci/{', '.join(CPU_NODE_VALUES)}: installed, helm test passed, uninstalled (ct's own namespace)"

@@ -1,15 +1,24 @@
-"""Day two on the real cluster: upgrade, rollback, uninstall, a lost worker and head, elastic, restricted pods, Kueue."""
+"""Day two on the real cluster: upgrade, rollback, an upgrade rolled back at once, uninstall, a lost worker and
+head, elastic. Each stage is one function of the Harness returning what it saw; e2e/stage_table.py orders them."""
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import time
 from typing import Any
 
-from e2e.first_run import NAMESPACE, RELEASE
+from e2e.first_run import NAMESPACE, RELEASE, as_printed, notes_line
 from e2e.harness import Harness, Run
-from e2e.kube import StageError
+from e2e.kube import StageError, ended
+from e2e.notes_check import QUICK_ROLLBACK_STAGE
 
-NEW_LR = "0.002"
 UNINSTALL_LIMIT_S = 120
+QUICK_LR = "0.003"  # the upgrade that the stage 'upgrade + rollback at once' rolls back
+# What NOTES, the chart README and `gemma3-ray status` say to wait for before rolling back to a revision
+# whose RayJob is still being deleted (Helm refuses until then: "original object RayJob … not found").
+WAIT_SENTENCE = "wait until it is gone"
 
 
 def _cluster_of(job: dict[str, Any]) -> str:
@@ -25,17 +34,20 @@ def _train_steps(h: Harness, run: Run) -> list[int]:
     path = h.storage.path(f"{run.run_uri}/metrics.jsonl")
     if not path.is_file():
         return []
-    import json
-
     return [r["step"] for r in map(json.loads, filter(str.strip, path.read_text().splitlines()))
             if r.get("kind") == "train"]
+
+
+def _checkpoint_step(run: Run) -> int:
+    """A step past the first checkpoint: interrupting there leaves a checkpoint to resume from."""
+    return int(run.flags["save_steps"]) + int(run.flags["logging_steps"])
 
 
 def _wait_step(h: Harness, run: Run, step: int, timeout: float = 600) -> None:
     """Until the run has logged a training record at `step` or later (a checkpoint lies behind it)."""
     def reached() -> bool:
         job = h.kube.get("rayjob", run.rayjob, run.namespace) or {}
-        if (job.get("status") or {}).get("jobStatus") in {"SUCCEEDED", "FAILED", "STOPPED"}:
+        if ended(job.get("status")):
             raise StageError(f"RayJob {run.rayjob} ended before step {step}: too fast to interrupt mid-training")
         return any(s >= step for s in _train_steps(h, run))
     h.kube.wait_for(f"{run.rayjob}: step {step} logged", reached, timeout, run.namespace)
@@ -60,126 +72,215 @@ def _finished(h: Harness, run: Run, want_steps: int | None = None) -> dict[str, 
     return summary
 
 
-def upgrade(h: Harness, first: Run) -> Run:
-    with h.record.stage("upgrade", f"helm upgrade --set training.learning_rate={NEW_LR}: a new RayJob") as st:
-        old = h.kube.get("rayjob", first.rayjob, first.namespace)
-        old_cluster = _cluster_of(old or {})
-        run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"training.learning_rate": NEW_LR})
-        if run.rayjob == first.rayjob or run.run_name == first.run_name:
-            raise StageError(f"helm upgrade kept RayJob {run.rayjob} / run {run.run_name}: a new revision must be a new run")
-        h.wait_run(run)
-        lr = ((_finished(h, run).get("definition") or {}).get("flags") or {}).get("learning_rate")
-        if lr is None or abs(float(lr) - float(NEW_LR)) > 1e-12:
-            raise StageError(f"{run.run_uri}/summary.json: definition.flags.learning_rate={lr!r}, want {NEW_LR}")
-        left = [f"rayjob/{first.rayjob}"] if h.kube.get("rayjob", first.rayjob, NAMESPACE) else []
-        if old_cluster:
-            left += [f"raycluster/{old_cluster}"] if h.kube.get("raycluster", old_cluster, NAMESPACE) else []
-            left += [f"pod/{p['metadata']['name']}" for p in _pods(h, NAMESPACE, old_cluster)]
-        if left:
-            raise StageError(f"after the upgrade the previous revision's objects remain: {left}")
-        st.detail = f"{run.rayjob} SUCCEEDED with learning_rate {lr}; {first.rayjob}, its cluster and pods gone"
-    return run
+def resumed_problem(summary: dict[str, Any], max_steps: int) -> str:
+    """'' when summary.json records a restore from a checkpoint mid-run (0 < resumed_from_step < max_steps)."""
+    step = summary.get("resumed_from_step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 < step < max_steps:
+        return f"summary.json records resumed_from_step={step!r}: no restore from a checkpoint between 0 and {max_steps}"
+    return ""
 
 
-def rollback(h: Harness, first: Run) -> Run:
-    with h.record.stage("rollback", "helm rollback to revision 1: the first run again, resumed") as st:
-        steps_before = len(_train_steps(h, first))
-        h.kube.h("rollback", RELEASE, "1", "-n", NAMESPACE, timeout=180, what="helm rollback")
-        run = h.current_run(RELEASE, NAMESPACE)
-        if run.rayjob != first.rayjob or run.run_name != first.run_name:
-            raise StageError(f"helm rollback 1 gave RayJob {run.rayjob} run {run.run_name}; want {first.rayjob} "
-                             f"run {first.run_name}")
-        h.wait_run(run)
-        summary = _finished(h, run)
-        retrained = len(_train_steps(h, run)) - steps_before
-        if retrained:
-            raise StageError(f"rollback re-trained {retrained} logged steps of the finished run {run.run_name}")
-        st.detail = f"{run.rayjob} SUCCEEDED: run {run.run_name} at step {summary['global_step']}, nothing re-trained"
-    return run
+def lost_head_problem(status: dict[str, Any], first_cluster: str, final_cluster: str, summary: dict[str, Any],
+                      max_steps: int) -> str:
+    """'' when a lost head shows as KubeRay says it does: a failed attempt, a new cluster, the run resumed."""
+    problems = []
+    if not isinstance(status.get("failed"), int) or status["failed"] < 1:
+        problems.append(f"status.failed={status.get('failed')!r} (want >= 1: the attempt that lost its head)")
+    if not final_cluster or final_cluster == first_cluster:
+        problems.append(f"the retry ran on cluster {final_cluster!r}, want a new one (the first was {first_cluster!r})")
+    resumed = resumed_problem(summary, max_steps)
+    if resumed:
+        problems.append(resumed)
+    return "; ".join(problems)
 
 
-def uninstall_reinstall_lost_worker(h: Harness, first: Run) -> Run:
-    with h.record.stage("uninstall", f"nothing of the release left within {UNINSTALL_LIMIT_S} s") as st:
-        took = h.uninstall(RELEASE, NAMESPACE, UNINSTALL_LIMIT_S)
-        st.detail = f"RayJob, RayCluster, pods, Services, ConfigMaps, Secret, ServiceAccount gone in {took:.1f} s"
-    with h.record.stage("reinstall + lost worker", "a fresh run; one worker pod deleted mid-training") as st:
-        run = h.helm_install(RELEASE, NAMESPACE)
-        if run.run_name == first.run_name:
-            raise StageError(f"reinstall reused the run name {run.run_name}: a new install must be a fresh run")
-        _wait_step(h, run, int(run.flags["save_steps"]) + int(run.flags["logging_steps"]))
-        cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
-        victim = _pods(h, NAMESPACE, cluster, "worker")[0]["metadata"]["name"]
+def _lr_of(summary: dict[str, Any]) -> Any:
+    return ((summary.get("definition") or {}).get("flags") or {}).get("learning_rate")
+
+
+# ---------------------------------------------------------------------------------------------- stages
+def upgrade(h: Harness) -> str:
+    """NOTES' `helm upgrade … --reuse-values --set training.learning_rate=…` as printed: a new RayJob and run."""
+    first = h.runs["first"]
+    command = notes_line(h, RELEASE, "upgrade")
+    lr = re.search(r"training\.learning_rate=([0-9.eE+-]+)", command)
+    if not lr:
+        raise StageError(f"the NOTES upgrade line `{command}` sets no training.learning_rate")
+    old_cluster = _cluster_of(h.kube.get("rayjob", first.rayjob, first.namespace) or {})
+    h.kube.run(as_printed(command), what="helm upgrade (the NOTES line)", timeout=180)
+    run = h.current_run(RELEASE, NAMESPACE)
+    if run.rayjob == first.rayjob or run.run_name == first.run_name:
+        raise StageError(f"helm upgrade kept RayJob {run.rayjob} / run {run.run_name}: a new revision must be a new run")
+    h.runs["upgraded"] = run
+    h.wait_run(run)
+    got = _lr_of(_finished(h, run))
+    if got is None or abs(float(got) - float(lr.group(1))) > 1e-12:
+        raise StageError(f"{run.run_uri}/summary.json: definition.flags.learning_rate={got!r}, want {lr.group(1)}")
+    left = [f"rayjob/{first.rayjob}"] if h.kube.get("rayjob", first.rayjob, NAMESPACE) else []
+    if old_cluster:
+        left += [f"raycluster/{old_cluster}"] if h.kube.get("raycluster", old_cluster, NAMESPACE) else []
+        left += [f"pod/{p['metadata']['name']}" for p in _pods(h, NAMESPACE, old_cluster)]
+    if left:
+        raise StageError(f"after the upgrade the previous revision's objects remain: {left}")
+    return f"`{command}`: {run.rayjob} SUCCEEDED with learning_rate {got}; {first.rayjob}, its cluster and pods gone"
+
+
+def rollback(h: Harness) -> str:
+    """NOTES' `helm rollback <r> <revision>` to revision 1, from the upgraded revision: the first run again."""
+    first = h.runs["first"]
+    current = h.current_run(RELEASE, NAMESPACE)
+    if "upgraded" not in h.runs or current.rayjob == first.rayjob:
+        raise StageError(f"nothing to roll back from: the release runs {current.rayjob}, revision 1's RayJob "
+                         "(the stage 'upgrade' made no later revision)")
+    steps_before = len(_train_steps(h, first))
+    command = notes_line(h, RELEASE, "rollback")
+    h.kube.run(as_printed(command, revision="1"), what="helm rollback (the NOTES line)", timeout=180)
+    run = h.current_run(RELEASE, NAMESPACE)
+    if run.rayjob != first.rayjob or run.run_name != first.run_name:
+        raise StageError(f"helm rollback 1 gave RayJob {run.rayjob} run {run.run_name}; want {first.rayjob} "
+                         f"run {first.run_name}")
+    h.wait_run(run)
+    summary = _finished(h, run)
+    retrained = len(_train_steps(h, run)) - steps_before
+    if retrained:
+        raise StageError(f"rollback re-trained {retrained} logged steps of the finished run {run.run_name}")
+    return f"{run.rayjob} SUCCEEDED: run {run.run_name} at step {summary['global_step']}, nothing re-trained"
+
+
+def _revision(h: Harness) -> int:
+    hist = json.loads(h.kube.h("history", RELEASE, "-n", NAMESPACE, "-o", "json", timeout=60).stdout)
+    return max(int(r["revision"]) for r in hist)
+
+
+def quick_rollback(h: Harness) -> str:
+    """Upgrade while the job runs, roll back at once: it works, or Helm refuses while the RayJob is being deleted and
+    works after NOTES' wait; never a rollback reported done whose RayJob then goes with the deletion."""
+    run = h.helm_install(RELEASE, NAMESPACE, upgrade=True)  # a fresh run to interrupt
+    target = _revision(h)
+    _wait_step(h, run, _checkpoint_step(run))
+    h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"training.learning_rate": QUICK_LR})
+    t0 = time.monotonic()
+    proc = h.kube.h("rollback", RELEASE, str(target), "-n", NAMESPACE, check=False, timeout=180)
+    said = (proc.stderr or proc.stdout).strip()
+    job = h.kube.get("rayjob", run.rayjob, NAMESPACE)
+    terminating = bool(job and job["metadata"].get("deletionTimestamp"))
+    if proc.returncode != 0:
+        if "not found" not in said and "being deleted" not in said:
+            raise StageError(f"helm rollback {target} right after the upgrade failed for another reason:\n{said[-600:]}")
+        status = h.kube.run(["gemma3-ray", "status", "-n", NAMESPACE, "--release", RELEASE, "--project",
+                             "gemma3-ray-e2e", "--region", "us-central1"], what="gemma3-ray status", timeout=120).stdout
+        wait_line = [ln for ln in status.splitlines() if run.rayjob in ln and WAIT_SENTENCE in ln]
+        if terminating and not wait_line:
+            raise StageError(f"gemma3-ray status does not say to wait for {run.rayjob}, which is being deleted:\n"
+                             f"{status[-800:]}")
+        wait = as_printed(notes_line(h, RELEASE, QUICK_ROLLBACK_STAGE), its_name=run.rayjob)
+        h.kube.run(wait, what="the NOTES wait line", timeout=330)
+        h.kube.h("rollback", RELEASE, str(target), "-n", NAMESPACE, timeout=180, what="helm rollback after the wait")
+        outcome = (f"Helm refused at once ({said.splitlines()[-1][:160]}); `gemma3-ray status` said "
+                   f"{wait_line[0].strip()[:160] if wait_line else '(the RayJob was already gone)'}; after "
+                   f"NOTES' `{shlex.join(wait)}` ({time.monotonic() - t0:.0f} s) the rollback worked")
+    else:
+        outcome = f"the immediate rollback worked ({run.rayjob} {'terminating' if terminating else 'not terminating'} then)"
+    time.sleep(10)  # a RayJob applied onto the terminating object would go with it now
+    now = h.kube.get("rayjob", run.rayjob, NAMESPACE)
+    if now is None or now["metadata"].get("deletionTimestamp"):
+        raise StageError(f"helm rollback {target} reported success, yet RayJob {run.rayjob} is "
+                         f"{'gone' if now is None else 'being deleted'}: the rollback was lost with the old object")
+    back = h.current_run(RELEASE, NAMESPACE)
+    if back.rayjob != run.rayjob:
+        raise StageError(f"after the rollback the release runs {back.rayjob}, want {run.rayjob}")
+    h.wait_run(run)
+    summary = _finished(h, run)
+    problem = resumed_problem(summary, int(run.flags["max_steps"]))
+    if problem:
+        raise StageError(f"{run.run_uri}: {problem}")
+    return f"{outcome}; {run.rayjob} resumed {run.run_name} at step {summary['resumed_from_step']} and SUCCEEDED"
+
+
+def uninstall(h: Harness) -> str:
+    """NOTES' `helm uninstall` as printed; nothing of the release left within UNINSTALL_LIMIT_S."""
+    command = notes_line(h, RELEASE, "uninstall")
+    t0 = time.monotonic()
+    h.kube.run(as_printed(command), what="helm uninstall (the NOTES line)", timeout=UNINSTALL_LIMIT_S)
+    if (NAMESPACE, RELEASE) in h.installed:
+        h.installed.remove((NAMESPACE, RELEASE))
+    kinds = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
+    sel = f"app.kubernetes.io/instance={RELEASE}"
+    h.kube.wait_for(f"uninstall {RELEASE}: every object of the release gone",
+                    lambda: not h.kube.gone(NAMESPACE, sel, kinds), UNINSTALL_LIMIT_S - (time.monotonic() - t0),
+                    NAMESPACE)
+    return f"`{command}`: RayJob, RayCluster, pods, Services, ConfigMaps, Secret, ServiceAccount gone in " \
+           f"{time.monotonic() - t0:.1f} s"
+
+
+def lost_worker(h: Harness) -> str:
+    """A fresh install; one worker pod deleted mid-training; the run restores a checkpoint and finishes."""
+    first = h.runs["first"]
+    run = h.helm_install(RELEASE, NAMESPACE)
+    if run.run_name == first.run_name:
+        raise StageError(f"reinstall reused the run name {run.run_name}: a new install must be a fresh run")
+    _wait_step(h, run, _checkpoint_step(run))
+    cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
+    victim = _pods(h, NAMESPACE, cluster, "worker")[0]["metadata"]["name"]
+    h.kube.k("-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
+    h.wait_run(run)
+    summary = _finished(h, run)
+    problem = resumed_problem(summary, int(run.flags["max_steps"]))
+    if problem:
+        raise StageError(f"{run.run_uri} after deleting worker {victim}: {problem}")
+    return (f"deleted {victim}; {run.rayjob} resumed at step {summary['resumed_from_step']} and SUCCEEDED at step "
+            f"{summary['global_step']}; {_continuous(h, run)}")
+
+
+def lost_head(h: Harness) -> str:
+    """The head pod deleted mid-training with rayJob.backoffLimit=1: a failed attempt, a new cluster, the run resumed."""
+    run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"rayJob.backoffLimit": 1})
+    _wait_step(h, run, _checkpoint_step(run))
+    cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
+    head = _pods(h, NAMESPACE, cluster, "head")[0]["metadata"]["name"]
+    h.kube.k("-n", NAMESPACE, "delete", "pod", head, "--wait=false")
+    final = h.kube.wait_rayjob(NAMESPACE, run.rayjob, 900, want="SUCCEEDED")
+    status = final.get("status") or {}
+    summary = _finished(h, run)
+    final_cluster = _cluster_of(final)
+    h.record.facts["lost_head"] = {"failed_attempts": status.get("failed"), "succeeded": status.get("succeeded"),
+                                   "first_cluster": cluster, "final_cluster": final_cluster,
+                                   "resumed_from_step": summary.get("resumed_from_step")}
+    problem = lost_head_problem(status, cluster, final_cluster, summary, int(run.flags["max_steps"]))
+    if problem:
+        raise StageError(f"after deleting head {head} of {cluster}: {problem}")
+    return (f"deleted {head}: status.failed={status['failed']}, the retry ran on a new cluster {final_cluster}, "
+            f"resumed {run.run_name} at step {summary['resumed_from_step']}, SUCCEEDED at step {summary['global_step']}")
+
+
+def elastic(h: Harness) -> str:
+    """min_workers=1: the deleted worker's node cordoned, its replacement Pending, the run ends on fewer workers."""
+    run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"rayJob.backoffLimit": 0, "training.min_workers": 1})
+    _wait_step(h, run, _checkpoint_step(run))
+    cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
+    workers = _pods(h, NAMESPACE, cluster, "worker")
+    victim = workers[0]["metadata"]["name"]
+    node = workers[0]["spec"].get("nodeName") or ""
+    if not node:
+        raise StageError(f"worker pod {victim} is not on a node")
+    h.kube.k("cordon", node)  # the victim's own node: never another part of the cluster
+    try:
         h.kube.k("-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
+
+        def replacement_pending() -> bool:
+            return any(p["status"].get("phase") == "Pending" for p in _pods(h, NAMESPACE, cluster, "worker"))
+        h.kube.wait_for("the deleted worker's replacement Pending on the cordoned node", replacement_pending, 120,
+                        NAMESPACE)
         h.wait_run(run)
         summary = _finished(h, run)
-        if summary.get("resumed_from_step") in (None, 0) and not summary.get("restarts"):
-            h.record.facts.setdefault("notes", []).append(
-                f"lost worker: summary.json of {run.run_name} records no restore ({summary.get('resumed_from_step')!r})")
-        st.detail = f"deleted {victim}; {run.rayjob} SUCCEEDED at step {summary['global_step']}; {_continuous(h, run)}"
-    return run
-
-
-def lost_head(h: Harness) -> Run:
-    with h.record.stage("lost head", "the head pod deleted mid-training, rayJob.backoffLimit=1") as st:
-        run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"rayJob.backoffLimit": 1})
-        _wait_step(h, run, int(run.flags["save_steps"]) + int(run.flags["logging_steps"]))
-        job = h.kube.get("rayjob", run.rayjob, NAMESPACE) or {}
-        cluster = _cluster_of(job)
-        head = _pods(h, NAMESPACE, cluster, "head")[0]["metadata"]["name"]
-        h.kube.k("-n", NAMESPACE, "delete", "pod", head, "--wait=false")
-        final = h.kube.wait_rayjob(NAMESPACE, run.rayjob, 900, want="SUCCEEDED")
-        status = final.get("status") or {}
-        summary = _finished(h, run)
-        h.record.facts["lost_head"] = {"failed_attempts": status.get("failed"), "succeeded": status.get("succeeded"),
-                                       "first_cluster": cluster, "final_cluster": _cluster_of(final),
-                                       "resumed_from_step": summary.get("resumed_from_step")}
-        st.detail = (f"deleted {head}: KubeRay failed the attempt and retried on cluster {_cluster_of(final)} "
-                     f"(failed={status.get('failed')}), which resumed {run.run_name} to step {summary['global_step']}")
-    return run
-
-
-def elastic(h: Harness) -> Run:
-    with h.record.stage("elastic", "min_workers=1; node cordoned, a worker pod deleted: its replacement stays Pending") as st:
-        run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"rayJob.backoffLimit": 0,
-                                                                     "training.min_workers": 1})
-        _wait_step(h, run, int(run.flags["save_steps"]) + int(run.flags["logging_steps"]))
-        cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
-        node = h.kube.items("nodes", None)[0]["metadata"]["name"]
-        h.kube.k("cordon", node)
-        try:
-            victim = _pods(h, NAMESPACE, cluster, "worker")[0]["metadata"]["name"]
-            h.kube.k("-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
-
-            def replacement_pending() -> bool:
-                return any(p["status"].get("phase") == "Pending" for p in _pods(h, NAMESPACE, cluster, "worker"))
-            h.kube.wait_for("the deleted worker's replacement Pending on the cordoned node", replacement_pending, 120,
-                            NAMESPACE)
-            h.wait_run(run)
-            summary = _finished(h, run)
-        finally:
-            h.kube.k("uncordon", node, check=False)
-        if summary.get("num_workers", 0) >= int(run.flags["num_workers"]):
-            raise StageError(f"{run.run_uri}: finished on {summary.get('num_workers')} workers; the worker whose "
-                             f"replacement stayed Pending should have left fewer than {run.flags['num_workers']}")
-        if summary.get("global_batch_size") != int(run.flags["global_batch_size"]):
-            raise StageError(f"{run.run_uri}: global_batch_size {summary.get('global_batch_size')} after losing a "
-                             f"worker, want {run.flags['global_batch_size']}")
-        st.detail = (f"{run.rayjob} SUCCEEDED on {summary['num_workers']} of {run.flags['num_workers']} workers at step {summary['global_step']}, global batch "
-                     f"{summary['global_batch_size']}; {_continuous(h, run)}")
-    return run
-
-
-def day_two(h: Harness, skip: set[str] = frozenset()) -> None:
-    """The stages in order; `skip` leaves out some of the first three (a shorter loop while developing)."""
-    first = h.current_run(RELEASE, NAMESPACE)
-    if "upgrade" not in skip:
-        upgrade(h, first)
-    if "rollback" not in skip:
-        rollback(h, first)
-    if "uninstall" not in skip:
-        uninstall_reinstall_lost_worker(h, first)
-    lost_head(h)
-    elastic(h)
-    from e2e.shared_cluster import shared_cluster
-
-    shared_cluster(h)
+    finally:
+        h.kube.k("uncordon", node, check=False)
+    if summary.get("num_workers", 0) >= int(run.flags["num_workers"]):
+        raise StageError(f"{run.run_uri}: finished on {summary.get('num_workers')} workers; the worker whose "
+                         f"replacement stayed Pending should have left fewer than {run.flags['num_workers']}")
+    if summary.get("global_batch_size") != int(run.flags["global_batch_size"]):
+        raise StageError(f"{run.run_uri}: global_batch_size {summary.get('global_batch_size')} after losing a "
+                         f"worker, want {run.flags['global_batch_size']}")
+    return (f"node {node} cordoned; {run.rayjob} SUCCEEDED on {summary['num_workers']} of {run.flags['num_workers']} "
+            f"workers at step {summary['global_step']}, global batch {summary['global_batch_size']}; "
+            f"{_continuous(h, run)}")

@@ -62,6 +62,12 @@ class Harness:
     out_dir: Path
     installed: list[tuple[str, str]] = field(default_factory=list)  # (namespace, release), for cleanup
     namespaces: list[str] = field(default_factory=list)
+    runs: dict[str, Run] = field(default_factory=dict)  # what one stage hands the next: "first", "upgraded", …
+    notes: dict[str, str] = field(default_factory=dict)  # release -> its NOTES as helm printed them
+    # what the cluster lacks, for stage_table's `requires` (a preflight fills it): "kueue" -> why not
+    missing: dict[str, str] = field(default_factory=dict)
+    shared: dict[str, Any] = field(default_factory=dict)  # other facts one stage hands the next
+    cluster_scoped: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) this run created
 
     # ------------------------------------------------------------------ namespaces and releases
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
@@ -105,8 +111,8 @@ class Harness:
                 return Run(ns, release, doc["metadata"]["name"], flags["run_name"], flags["storage_path"], flags)
         raise StageError(f"release {ns}/{release}: its manifest has no RayJob")
 
-    def wait_run(self, run: Run, *, timeout: float = RUN_TIMEOUT_S, on_running=None) -> dict[str, Any]:
-        return self.kube.wait_rayjob(run.namespace, run.rayjob, timeout, on_running=on_running)
+    def wait_run(self, run: Run, *, timeout: float = RUN_TIMEOUT_S) -> dict[str, Any]:
+        return self.kube.wait_rayjob(run.namespace, run.rayjob, timeout)
 
     def summary(self, run: Run) -> dict[str, Any]:
         path = self.storage.path(f"{run.run_uri}/summary.json")
@@ -152,6 +158,11 @@ class Harness:
             proc = self.kube.k("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
             if proc.returncode != 0 and "NotFound" not in proc.stderr:
                 problems.append(f"kubectl delete namespace {ns}: {proc.stderr.strip()[-200:]}")
+        for kind, name in reversed(self.cluster_scoped):
+            proc = self.kube.k("delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=60s", check=False,
+                               timeout=90)
+            if proc.returncode != 0:
+                problems.append(f"kubectl delete {kind} {name}: {proc.stderr.strip()[-200:]}")
         return problems
 
 

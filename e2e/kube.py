@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# RayJob states (KubeRay v1.5 `status.jobStatus`, `status.jobDeploymentStatus`).
+# RayJob states (KubeRay v1.5 `status.jobStatus`, `status.jobDeploymentStatus`): KubeRay's own terminal
+# deployment states (IsJobDeploymentTerminal) and ValidationFailed, after which it never reconciles again.
 JOB_DONE = {"SUCCEEDED", "FAILED", "STOPPED"}
-DEPLOYMENT_DONE = {"Complete", "Failed"}
+DEPLOYMENT_DONE = {"Complete", "Failed", "ValidationFailed"}
+
+
+def ended(status: dict[str, Any] | None) -> bool:
+    """The RayJob will not change on its own any more: a terminal deployment state, or a terminal job status in a
+    suspended deployment. A FAILED attempt that KubeRay retries (Retrying, then New) has not ended."""
+    st = status or {}
+    deployment = st.get("jobDeploymentStatus")
+    return deployment in DEPLOYMENT_DONE or (st.get("jobStatus") in JOB_DONE and deployment == "Suspended")
 
 
 class StageError(RuntimeError):
@@ -117,15 +126,13 @@ class Kube:
                 raise StageError(f"{what}: not reached in {timeout:.0f} s{extra}")
             time.sleep(interval)
 
-    def wait_rayjob(self, ns: str, name: str, timeout: float, *, want: str = "SUCCEEDED",
-                    on_running: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def wait_rayjob(self, ns: str, name: str, timeout: float, *, want: str = "SUCCEEDED") -> dict[str, Any]:
         """Follow a RayJob through the real operator until it ends; return its final object.
 
-        on_running is called once, when the job's Ray job is RUNNING (the head is up): checks that
-        need the live cluster (helm test, the dashboard port-forward) go there.
+        No check hangs on a state a poll may miss (a short RUNNING): a stage that needs the live cluster
+        waits for its pods, which outlive the job by rayJob.ttlSecondsAfterFinished.
         """
         deadline = time.monotonic() + timeout
-        called = False
         last = ""
         while True:
             job = self.get("rayjob", name, ns)
@@ -136,11 +143,7 @@ class Kube:
             if state != last:
                 self._log(f"# RayJob {ns}/{name}: {state} {st.get('reason', '')} {st.get('message', '')}")
                 last = state
-            if on_running and not called and st.get("jobStatus") == "RUNNING":
-                called = True
-                on_running(job)
-            if st.get("jobStatus") in JOB_DONE and st.get("jobDeploymentStatus") in DEPLOYMENT_DONE | {"Suspended"} \
-                    or st.get("jobDeploymentStatus") in DEPLOYMENT_DONE:
+            if ended(st):
                 if st.get("jobStatus") == want:
                     return job
                 raise StageError(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness import ROOT, Harness, Run
-from e2e.kube import StageError
+from e2e.kube import StageError, ended
 
 TEAM_A, TEAM_B = "g3r-team-a", "g3r-team-b"
 SHARED = ROOT / "values" / "shared-cluster.yaml"
@@ -25,12 +25,25 @@ def _overlay(h: Harness) -> Path:
     return path
 
 
+CLUSTER_KINDS = ("resourceflavors", "workloadpriorityclasses", "clusterqueues")
+
+
+def _cluster_objects(h: Harness) -> set[tuple[str, str]]:
+    return {(kind, o["metadata"]["name"]) for kind in CLUSTER_KINDS for o in h.kube.items(kind, None)}
+
+
 def _kueue_setup(h: Harness, ns: str, values: list[Path], apply: bool = True, check: bool = True):
+    """`gemma3-ray kueue setup`; the cluster-scoped objects it made are this run's to delete at the end."""
     argv = ["gemma3-ray", "kueue", "setup", "-n", ns, "--jobs", "1"]
     for v in values:
         argv += ["-f", str(v)]
-    return h.kube.run(argv + (["--apply"] if apply else []), what=f"gemma3-ray kueue setup -n {ns}", timeout=180,
-                      check=check)
+    before = _cluster_objects(h)
+    try:
+        return h.kube.run(argv + (["--apply"] if apply else []), what=f"gemma3-ray kueue setup -n {ns}", timeout=180,
+                          check=check)
+    finally:
+        order = {k: i for i, k in enumerate(CLUSTER_KINDS)}  # deleted in reverse: ClusterQueues first
+        h.cluster_scoped += sorted(_cluster_objects(h) - before, key=lambda o: order[o[0]])
 
 
 def _cluster_queue(h: Harness, ns: str) -> tuple[str, dict[str, Any]]:
@@ -42,68 +55,117 @@ def _cluster_queue(h: Harness, ns: str) -> tuple[str, dict[str, Any]]:
     return name, cq.get("spec", {})
 
 
+def _a_cluster_pods(h: Harness, run: Run) -> list[dict[str, Any]]:
+    """The pods of A's cluster once its head and every worker exist (they exist from admission to the ttl after the
+    job: no RUNNING state has to be caught by a poll)."""
+    want = 1 + int(run.flags["num_workers"])
+
+    def pods() -> list[dict[str, Any]]:
+        job = h.kube.get("rayjob", run.rayjob, run.namespace) or {}
+        cluster = (job.get("status") or {}).get("rayClusterName", "")
+        found = h.kube.items("pods", run.namespace, f"ray.io/cluster={cluster}") if cluster else []
+        return found if len(found) >= want else []
+    return h.kube.wait_for(f"{run.rayjob}: head and {want - 1} worker pods", pods, 300, run.namespace)
+
+
 def _restricted_pods(h: Harness, run: Run) -> str:
-    """Every pod of the run's cluster runs read-only, non-root, without privilege escalation (the kubelet's own view)."""
-    job = h.kube.get("rayjob", run.rayjob, run.namespace) or {}
-    cluster = (job.get("status") or {}).get("rayClusterName", "")
-    pods = h.kube.items("pods", run.namespace, f"ray.io/cluster={cluster}")
-    bad = [f"{p['metadata']['name']}/{c['name']}" for p in pods for c in p["spec"]["containers"]
-           if not (c.get("securityContext") or {}).get("readOnlyRootFilesystem")]
-    if not pods or bad:
-        raise StageError(f"restricted: pods {bad or 'none found'} of {cluster} lack readOnlyRootFilesystem")
-    return f"{len(pods)} pods of {cluster} running read-only root filesystems"
+    """Every container of the run's cluster runs read-only, non-root, without privilege escalation, as admitted
+    by a namespace enforcing `restricted` (the API server's own admission)."""
+    pods = _a_cluster_pods(h, run)
+    bad = []
+    for p in pods:
+        pod_sc = p["spec"].get("securityContext") or {}
+        for c in p["spec"]["containers"]:
+            sc = c.get("securityContext") or {}
+            if not (sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False
+                    and (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot"))):
+                bad.append(f"{p['metadata']['name']}/{c['name']}")
+    if bad:
+        raise StageError(f"restricted: containers {bad} lack readOnlyRootFilesystem, allowPrivilegeEscalation=false "
+                         "or runAsNonRoot")
+    return f"{len(pods)} pods of {run.rayjob}'s cluster: read-only root, non-root, no privilege escalation"
 
 
-def shared_cluster(h: Harness) -> None:
-    rec = h.record
-    values = [SHARED, _overlay(h)]
+def _values(h: Harness) -> list[Path]:
+    return [SHARED, _overlay(h)]
+
+
+def kueue_setup(h: Harness) -> str:
+    """`gemma3-ray kueue setup --apply` for team A: ClusterQueue (quota for one job), LocalQueue, priority class."""
     for name, value in PRIORITY_CLASSES.items():
         if h.kube.get("priorityclass", name, "default") is None:
-            h.kube.k("create", "priorityclass", name, f"--value={value}", "--description=e2e: named by shared-cluster.yaml")
-    with rec.stage("kueue setup", f"gemma3-ray kueue setup --apply -n {TEAM_A}: quota for exactly one job") as st:
-        h.namespace(TEAM_A, {"pod-security.kubernetes.io/enforce": "restricted",
-                             "pod-security.kubernetes.io/enforce-version": "latest"})
-        _kueue_setup(h, TEAM_A, values)
-        cq_name, cq_before = _cluster_queue(h, TEAM_A)
-        wpc = "batch-high"
-        if h.kube.get("workloadpriorityclass", wpc, "default") is None:
-            raise StageError(f"kueue setup did not create the WorkloadPriorityClass {wpc} the values name")
-        st.detail = f"ClusterQueue {cq_name}, LocalQueue in {TEAM_A}, WorkloadPriorityClass {wpc}"
+            h.kube.k("create", "priorityclass", name, f"--value={value}",
+                     "--description=e2e: named by shared-cluster.yaml")
+            h.cluster_scoped.append(("priorityclass", name))
+    h.namespace(TEAM_A, {"pod-security.kubernetes.io/enforce": "restricted",
+                         "pod-security.kubernetes.io/enforce-version": "latest"})
+    _kueue_setup(h, TEAM_A, _values(h))
+    cq_name, cq = _cluster_queue(h, TEAM_A)
+    h.shared["cq_a"], h.shared["cq_a_spec"] = cq_name, cq
+    wpc = "batch-high"
+    if h.kube.get("workloadpriorityclass", wpc, "default") is None:
+        raise StageError(f"kueue setup did not create the WorkloadPriorityClass {wpc} the values name")
+    return f"ClusterQueue {cq_name}, LocalQueue in {TEAM_A}, WorkloadPriorityClass {wpc}"
 
-    holder: dict[str, str] = {}
 
-    def a_running(job: dict[str, Any]) -> None:
-        with rec.stage("restricted pods", f"{TEAM_A} enforces restricted; values/shared-cluster.yaml's contexts") as st:
-            st.detail = _restricted_pods(h, run_a)
-        with rec.stage("kueue: B waits", "release B in the same queue, no quota left") as st:
-            run_b = h.helm_install("b", TEAM_A, values=values)
-            holder["b"] = run_b.rayjob
-            h.kube.wait_for("release B's Workload pending on quota", lambda: _pending_reason(h, run_b), 60, TEAM_A)
-            status = h.kube.run(["gemma3-ray", "status", "-n", TEAM_A, "--release", "b", "--project", "gemma3-ray-e2e",
-                                 "--region", "us-central1"], what="gemma3-ray status", timeout=120).stdout
-            reason = _pending_reason(h, run_b)
-            if not reason or reason[:40] not in status:
-                raise StageError(f"gemma3-ray status for B does not show Kueue's reason {reason!r}:\n{status[-600:]}")
-            st.detail = f"B suspended by Kueue: {reason[:120]}"
+def a_admitted(h: Harness) -> str:
+    run = h.helm_install("a", TEAM_A, values=_values(h))
+    h.runs["a"] = run
+    _a_cluster_pods(h, run)
+    return f"{run.rayjob} admitted by Kueue: its head and worker pods exist"
 
-    with rec.stage("kueue: A admitted, runs", "release A in the queue: admitted, SUCCEEDED") as st:
-        run_a = h.helm_install("a", TEAM_A, values=values)
-        h.wait_run(run_a, on_running=a_running)
-        st.detail = f"{run_a.rayjob} SUCCEEDED"
-    with rec.stage("kueue: B admitted after A", "B starts once A's quota is free, SUCCEEDED") as st:
-        run_b = h.current_run("b", TEAM_A)
-        h.wait_run(run_b)
-        workers = _run_workers(h, run_b)
-        st.detail = f"{run_b.rayjob} SUCCEEDED on {workers} workers"
-    with rec.stage("kueue: second team", f"kueue setup -n {TEAM_B} leaves {TEAM_A}'s ClusterQueue as it was") as st:
-        h.namespace(TEAM_B)
-        proc = _kueue_setup(h, TEAM_B, values, check=False)
-        _, cq_after = _cluster_queue(h, TEAM_A)
-        if cq_after != cq_before:
-            raise StageError(f"kueue setup for {TEAM_B} changed {TEAM_A}'s ClusterQueue {cq_name}:\n"
-                             f"before {json.dumps(cq_before)[:300]}\nafter  {json.dumps(cq_after)[:300]}")
-        last = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
-        st.detail = f"{cq_name} unchanged; setup for {TEAM_B} exited {proc.returncode}: {last[0][:120]}"
+
+def restricted_pods(h: Harness) -> str:
+    return _restricted_pods(h, h.runs["a"])
+
+
+def b_waits(h: Harness) -> str:
+    a = h.runs["a"]
+    a_job = h.kube.get("rayjob", a.rayjob, TEAM_A) or {}
+    if ended(a_job.get("status")):
+        raise StageError(f"{a.rayjob} already ended: B cannot be shown waiting for A's quota")
+    run_b = h.helm_install("b", TEAM_A, values=_values(h))
+    h.runs["b"] = run_b
+    h.kube.wait_for("release B's Workload pending on quota", lambda: _pending_reason(h, run_b), 60, TEAM_A)
+    status = h.kube.run(["gemma3-ray", "status", "-n", TEAM_A, "--release", "b", "--project", "gemma3-ray-e2e",
+                         "--region", "us-central1"], what="gemma3-ray status", timeout=120).stdout
+    reason = _pending_reason(h, run_b)
+    if not reason or reason[:40] not in status:
+        raise StageError(f"gemma3-ray status for B does not show Kueue's reason {reason!r}:\n{status[-600:]}")
+    return f"B suspended by Kueue: {reason[:120]}"
+
+
+def a_succeeded(h: Harness) -> str:
+    run_a = h.runs["a"]
+    h.wait_run(run_a)
+    return f"{run_a.rayjob} SUCCEEDED"
+
+
+def b_after_a(h: Harness) -> str:
+    run_b = h.runs["b"]
+    h.wait_run(run_b)
+    workers = _run_workers(h, run_b)
+    return f"{run_b.rayjob} SUCCEEDED on {workers} workers"
+
+
+def second_team(h: Harness) -> str:
+    """`kueue setup` for another namespace exits 0, makes that team its own ClusterQueue, leaves A's as it was."""
+    h.namespace(TEAM_B)
+    proc = _kueue_setup(h, TEAM_B, _values(h), check=False)
+    said = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise StageError(f"gemma3-ray kueue setup -n {TEAM_B} exited {proc.returncode}:\n{said[-600:]}")
+    cq_a, before = h.shared["cq_a"], h.shared["cq_a_spec"]
+    cq_b, _ = _cluster_queue(h, TEAM_B)
+    if cq_b == cq_a:
+        raise StageError(f"{TEAM_B}'s LocalQueue points at {TEAM_A}'s ClusterQueue {cq_a}, not one of its own")
+    if h.kube.get("clusterqueue", cq_b, "default") is None:
+        raise StageError(f"{TEAM_B}'s LocalQueue points at ClusterQueue {cq_b}, which does not exist")
+    _, after = _cluster_queue(h, TEAM_A)
+    if after != before:
+        raise StageError(f"kueue setup for {TEAM_B} changed {TEAM_A}'s ClusterQueue {cq_a}:\n"
+                         f"before {json.dumps(before)[:300]}\nafter  {json.dumps(after)[:300]}")
+    return f"{TEAM_B} got its own ClusterQueue {cq_b} (exit 0); {cq_a} of {TEAM_A} unchanged"
 
 
 def _pending_reason(h: Harness, run: Run) -> str:

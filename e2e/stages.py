@@ -1,11 +1,16 @@
-"""The stage record of `make e2e`: each stage's time and result, the table it prints, the JSON it writes."""
+"""The stage record of `make e2e`: each stage's time and result, the table it prints, the JSON it writes.
+
+Every stage of e2e/stage_table.py gets a row: `pass`, `fail`, or `not run` with the reason (skipped,
+not selected, precondition unmet, time, stopped after a failure, interrupted). A run passes only when
+no row failed and at least one passed.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,13 +18,17 @@ from typing import Any
 
 from e2e.kube import StageError
 
+PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
+
 
 @dataclass
 class Stage:
     name: str
-    result: str = "not run"  # pass | fail | not run | skipped
+    result: str = NOT_RUN  # pass | fail | not run
     seconds: float = 0.0
-    detail: str = ""
+    detail: str = ""  # what the stage saw (pass), the cluster's words (fail), or why it did not run
+    group: str = ""
+    claim: str = ""
 
 
 @dataclass
@@ -32,46 +41,69 @@ class Record:
     facts: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
+    def row(self, name: str) -> Stage | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def result(self, name: str) -> str:
+        """pass, fail, or not run (also for a stage without a row yet)."""
+        st = self.row(name)
+        return st.result if st else NOT_RUN
+
     @contextmanager
-    def stage(self, name: str, detail: str = "") -> Iterator[Stage]:
+    def stage(self, name: str, detail: str = "", *, group: str = "", claim: str = "") -> Iterator[Stage]:
         """Time a stage; StageError marks it failed (and stops the run), anything else too, with its type."""
-        st = Stage(name, detail=detail)
+        if self.row(name) is not None:
+            raise StageError(f"stage {name!r} ran twice in one run (a defect of the e2e harness)")
+        st = Stage(name, detail=detail, group=group, claim=claim)
         self.stages.append(st)
         self.say(f"[e2e] {name} …")
         t0 = time.monotonic()
         try:
             yield st
         except StageError as e:
-            st.result, st.detail = "fail", str(e)
+            st.result, st.detail = FAIL, str(e)
             raise
         except KeyboardInterrupt:
-            st.result, st.detail = "fail", "interrupted"
+            st.result, st.detail = FAIL, "interrupted"
             raise
         except Exception as e:  # a defect of the e2e itself: keep its traceback in the log, one line here
-            st.result = "fail"
+            st.result = FAIL
             st.detail = f"{type(e).__name__}: {e}"
             with open(self.out_dir / "e2e.log", "a", encoding="utf-8") as f:
                 f.write(traceback.format_exc())
             raise StageError(f"{name}: {st.detail}") from e
         finally:
             st.seconds = round(time.monotonic() - t0, 1)
-        st.result = "pass"
+        st.result = PASS
         self.say(f"[e2e] {name}: pass ({st.seconds:.0f} s){' - ' + st.detail if st.detail else ''}")
 
-    def skip(self, name: str, why: str) -> None:
-        self.stages.append(Stage(name, "skipped", 0.0, why))
-        self.say(f"[e2e] {name}: skipped - {why}")
+    def not_run(self, name: str, why: str, *, group: str = "", claim: str = "") -> None:
+        """A row for a stage that did not run, with the reason (never a silent gap)."""
+        if self.row(name) is not None:
+            return
+        self.stages.append(Stage(name, NOT_RUN, 0.0, why, group, claim))
+        self.say(f"[e2e] {name}: not run - {why}")
+
+    def finish(self, names: Iterable[tuple[str, str, str]], why: str) -> None:
+        """Rows for every (name, group, claim) of the table that has none yet: not run, `why`."""
+        for name, group, claim in names:
+            self.not_run(name, why, group=group, claim=claim)
+
+    @property
+    def failed(self) -> list[str]:
+        return [s.name for s in self.stages if s.result == FAIL]
 
     @property
     def ok(self) -> bool:
-        return bool(self.stages) and all(s.result in {"pass", "skipped"} for s in self.stages)
+        return not self.failed and any(s.result == PASS for s in self.stages)
 
     def table(self) -> str:
         w = max([len(s.name) for s in self.stages] + [5])
         rows = [f"{'stage':<{w}}  {'time':>7}  result", f"{'-' * w}  {'-' * 7}  ------"]
         for s in self.stages:
-            first = s.detail.splitlines()[0][:100] if s.detail else ""
-            rows.append(f"{s.name:<{w}}  {s.seconds:>6.0f}s  {s.result}{'  ' + first if first else ''}")
+            first = s.detail.splitlines()[0][:110] if s.detail else ""
+            time_s = f"{s.seconds:>6.0f}s" if s.result != NOT_RUN else f"{'-':>7}"
+            rows.append(f"{s.name:<{w}}  {time_s}  {s.result}{'  ' + first if first else ''}")
         rows.append(f"{'total':<{w}}  {time.monotonic() - self.started:>6.0f}s  {'pass' if self.ok else 'fail'}")
         return "\n".join(rows)
 

@@ -9,28 +9,16 @@ honoured: a null where the schema wants an object (a bare `key:` in a template) 
 from __future__ import annotations
 
 import copy
-import os
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
-from helm_render import ROOT
 
-KUBERAY_VERSIONS = ("v1.7.0", "v1.4.2")
+from tests.kuberay_crds import VERSIONS, crd_folder
+
+KUBERAY_VERSIONS = VERSIONS
 CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml"}
-
-
-def crds_dir() -> Path:
-    """$KUBERAY_CRDS_DIR, else /work/shared/kuberay-crds, else ../shared/kuberay-crds."""
-    env = os.environ.get("KUBERAY_CRDS_DIR")
-    if env:
-        return Path(env)
-    for candidate in (Path("/work/shared/kuberay-crds"), ROOT.parent / "shared" / "kuberay-crds"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("KubeRay CRDs not found: set KUBERAY_CRDS_DIR to the folder holding v1.7.0/ and v1.4.2/")
 
 
 def _strict(node: Any) -> Any:
@@ -55,7 +43,7 @@ def _strict(node: Any) -> Any:
 @cache
 def strict_schema(version: str, kind: str) -> dict[str, Any]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    crd = yaml.load((crds_dir() / version / CRD_FILES[kind]).read_text(), Loader=loader)
+    crd = yaml.load((crd_folder(version) / CRD_FILES[kind]).read_text(), Loader=loader)
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = _strict(copy.deepcopy(v1["schema"]["openAPIV3Schema"]))
     # Top-level metadata is validated by the API server's ObjectMeta rules, not the CRD:

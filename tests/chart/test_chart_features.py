@@ -384,3 +384,12 @@ def test_notes_name_the_requested_token_auth_and_how_to_verify_it() -> None:
             in eph)
     assert f"kubectl -n {NAMESPACE} get raycluster {FULLNAME} -o jsonpath='{{.spec.authOptions.mode}}'" in per
     assert "Requested: Ray token authentication" not in notes(CI / "default-values.yaml")
+
+
+def test_notes_say_what_the_deletion_rules_delete_and_when() -> None:
+    """With rayJob.deletion NOTES say the workers go first and the cluster later (#34), never the TTL the rules
+    replace; without it the TTL sentence as before."""
+    text = notes(CI / "cpu-kuberay-1.7-values.yaml")
+    assert "deletes its workers 0s after, keeping the head for its logs, and\ndeletes the cluster 600s after" in text
+    assert "deletes it 300s after the job ends" not in text
+    assert "deletes it 300s after the job ends" in notes(CI / "cpu-node-values.yaml")

@@ -110,10 +110,10 @@ class ApiServer:
         return subprocess.run(["kubectl", *args], capture_output=True, text=True, env=self.env(), check=check, timeout=120)
 
     def use_crds(self, version: str) -> None:
-        """Serve the KubeRay CRDs of `version` (v1.7.0 or v1.4.2) from now on."""
-        folder = self.crds.parent / version
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(folder))
-        self.kubectl("wait", "--for", "condition=established", "--timeout=60s", "crd/rayclusters.ray.io", "crd/rayjobs.ray.io")
+        """Serve the KubeRay CRDs of `version` (v1.7.0, v1.5.0 or v1.4.2) from now on."""
+        from tests.plugin.kube_apiserver import serve_kuberay
+
+        serve_kuberay(self.kubeconfig, version)
 
     def served_rayjob_schema(self) -> dict[str, Any]:
         crd = self.admin.call("GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/rayjobs.ray.io")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-CRDS = Path("/work/shared/kuberay-crds")
+from tests.kuberay_crds import crd_folder
 
 
 @functools.cache
@@ -24,17 +23,9 @@ def _load_crd(path: Path) -> dict[str, Any]:
     return yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a safe loader
 
 
-def crds_dir() -> Path:
-    """$KUBERAY_CRDS_DIR, else /work/shared/kuberay-crds, else shared/ beside the checkout (as in CI)."""
-    if os.environ.get("KUBERAY_CRDS_DIR"):
-        return Path(os.environ["KUBERAY_CRDS_DIR"])
-    beside = Path(__file__).resolve().parents[3] / "shared" / "kuberay-crds"
-    return CRDS if CRDS.is_dir() else beside
-
-
 def crd_manifest(version: str, name: str) -> dict[str, Any]:
-    base = crds_dir()
-    return copy.deepcopy(_load_crd(base / version / f"ray.io_{name}.yaml"))
+    """KubeRay `version`'s CRD manifest `name` (rayclusters, rayjobs): tests/kuberay_crds.py finds them."""
+    return copy.deepcopy(_load_crd(crd_folder(version) / f"ray.io_{name}.yaml"))
 
 
 @dataclass

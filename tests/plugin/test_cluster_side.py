@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import time
+from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.clients import Clients, Kube
 from gemma3_ray.config.deployment import Overrides, resolve
 from gemma3_ray.kube import kuberay_crd
 from gemma3_ray.release import doctor
@@ -30,7 +31,7 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
 ) -> None:
     core = FakeCore()
     clients = Clients(project=PROJECT, storage=storage_client(gcs_iam_emulator), iam=fake_iam, resource_manager=FakeResourceManager(PROJECT),
-                      service_usage=fake_usage, core_v1=core)
+                      service_usage=fake_usage, kube=Kube(core=core))
     monkeypatch.delenv("MY_HF", raising=False)
     assert cli.main(["prereqs", "--apply", *BASE, "--hf-token-from-env", "MY_HF"], clients) == 2
     assert "MY_HF is empty or unset" in capsys.readouterr().err
@@ -59,7 +60,30 @@ def test_hf_secret_comes_from_the_environment_and_is_never_printed(
     assert "Nothing to do" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("version", "knows_deadline"), [("v1.7.0", True), ("v1.4.2", False)])
+# Each value newer than KubeRay 1.4, the doctor/`up` refusal it gets on each tested CRD set (None: kept).
+NEWER_VALUES = {
+    "rayJob.deletion": ({"rayJob": {"deletion": {"workersAfterSeconds": 0, "clusterAfterSeconds": 600}}}, "KubeRay 1.6.0"),
+    "historyServer.collector.image": ({"historyServer": {"collector": {"image": "collector:v1"}}}, "KubeRay 1.7.0"),
+    "rayJob.preRunningDeadlineSeconds": ({"rayJob": {"preRunningDeadlineSeconds": 600}}, "KubeRay 1.6.0"),
+    "rayTokenAuth": ({"rayTokenAuth": True}, "KubeRay 1.5.1"),
+}
+
+
+@pytest.mark.parametrize("version", ["v1.7.0", "v1.5.0", "v1.4.2"])
+@pytest.mark.parametrize("key", list(NEWER_VALUES))
+def test_each_newer_value_is_refused_where_the_crd_is_older(version: str, key: str) -> None:
+    """On KubeRay 1.4.2's and 1.5.0's CRDs (the 1.5.0 that `make e2e` runs) each newer value is refused
+    with one sentence naming it, the KubeRay it needs and how to turn it off; 1.7.0 keeps them all."""
+    values, since = NEWER_VALUES[key]
+    kube = doctor.Kube(api_ext=FakeApiExtensions.kuberay(version))
+    check = {c.name: c for c in doctor.check_crds(kube, values)}["rayjobs.ray.io"]
+    assert check.ok is (version == "v1.7.0"), check.detail
+    if not check.ok:
+        assert check.detail.startswith(f"{key} needs {since} or newer") and "upgrade the KubeRay operator or " in check.detail
+        assert "\n" not in check.detail
+
+
+@pytest.mark.parametrize(("version", "knows_deadline"), [("v1.7.0", True), ("v1.5.0", False), ("v1.4.2", False)])
 def test_rayjob_fields_of_the_installed_crd(version: str, knows_deadline: bool) -> None:
     report = kuberay_crd.rayjob_spec_fields(crd_manifest(version, "rayjobs"))
     assert report.missing_required == []
@@ -107,12 +131,12 @@ def test_doctor_explains_each_failure_and_passes_once_fixed(
     assert "run `gemma3-ray prereqs --apply -n ml" in failing["Workload Identity binding"].detail
     assert "the chart creates it" in failing["KSA annotation"].detail
 
-    from gemma3_ray.cli import release_commands
+    from gemma3_ray.release import prereqs
 
     core.secrets[("ml", "hf-secret")] = client.V1Secret(data={"hf_api_token": "eA=="})
     core.service_accounts[("ml", "gemma3-ray")] = client.V1ServiceAccount(metadata=client.V1ObjectMeta(
         annotations={doctor.WI_ANNOTATION: dep.gsa_email}))
-    assert release_commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+    assert prereqs.run(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
     kube.api_ext = FakeApiExtensions.kuberay("v1.7.0")
     results = doctor.run_checks(dep, clients, kube)
     assert [c.line() for c in results if not c.ok] == []
@@ -149,3 +173,33 @@ def test_rayjob_state_reads_kuberay_status() -> None:
     assert (state.job_status, state.deployment_status, state.ray_cluster) == ("RUNNING", "Running", "t-gemma3-ray-abcde")
     fresh = cluster.rayjob_state({"metadata": {"name": "t"}})
     assert (fresh.job_status, fresh.deployment_status) == ("PENDING", "New")
+
+
+def test_one_kubernetes_connection_per_kube_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.clients.Kube makes one connection for its kube context and every API client on it; pointed at
+    another context (the same Clients given to a second command) it drops what it made, never what it was given."""
+    from gemma3_ray.config import clients as seam
+
+    made: list[tuple[str | None, str | None]] = []
+    real = seam.connect
+    monkeypatch.setattr(seam, "connect", lambda *where: made.append(where) or real(*where))
+    configs = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        path.write_text(f"apiVersion: v1\nkind: Config\ncurrent-context: {name}\n"
+                        f"clusters: [{{name: {name}, cluster: {{server: 'https://{name}.invalid:6443'}}}}]\n"
+                        f"users: [{{name: {name}, user: {{token: t}}}}]\n"
+                        f"contexts: [{{name: {name}, context: {{cluster: {name}, user: {name}}}}}]\n")
+        configs.append(str(path))
+    given = FakeCore()
+    kube = Kube(core=given)
+    kube.point_at(configs[0], None)
+    custom, api_ext = kube.get_custom(), kube.get_api_ext()
+    assert kube.get_core() is given and kube.get_custom() is custom and made == [(configs[0], None)]
+    assert custom.api_client is api_ext.api_client and custom.api_client.configuration.host == "https://a.invalid:6443"
+    kube.point_at(configs[0], None)  # the same context: nothing made again
+    assert kube.get_custom() is custom and made == [(configs[0], None)]
+    kube.point_at(configs[1], None)
+    assert kube.get_core() is given and kube.get_custom() is not custom
+    assert made == [(configs[0], None), (configs[1], None)]
+    assert kube.get_custom().api_client.configuration.host == "https://b.invalid:6443"

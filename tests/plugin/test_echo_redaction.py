@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.clients import Clients, Kube
 
 from tests.plugin.conftest import PROJECT, REGION
 from tests.plugin.kube_fakes import FakeCore
@@ -18,7 +18,7 @@ from tests.plugin.kube_fakes import FakeCore
 TOKEN = "hf_QwErTy1234567890AbCdEfGhIjKlMnOpQr"  # noqa: S105 - a made-up Hugging Face token
 WORD = "QwErTy1234567890AbCdEfGhIjKl"  # a long mixed-case word: a pasted secret of another kind
 BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context", "-n", "ml"]
-COMMON_ON = ("values", "prereqs")  # the flags every command shares are read once, by from_args: two commands show it
+COMMON_ON = ("values", "prereqs")  # the flags every command shares are read once, by cli.common.resolve: two commands show it
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
@@ -71,7 +71,7 @@ def test_no_flag_of_any_command_prints_a_token_back(command: tuple[str, ...], fl
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-credentials.json"))
     argv = [*command, flag, value, *_base(command)]
     with contextlib.suppress(SystemExit):  # argparse's own refusal (an int, a choice): its message is checked too
-        cli.main(argv, Clients(project=PROJECT, core_v1=FakeCore()))
+        cli.main(argv, Clients(project=PROJECT, kube=Kube(core=FakeCore())))
     printed = "".join(capsys.readouterr())
     assert value[3:15] not in printed and value[-12:] not in printed, printed[-2000:]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gemma3_ray.cli import kueue_command
 from gemma3_ray.config import render
 from gemma3_ray.kueue import check as kueue_check
-from gemma3_ray.kueue import setup as kueue_setup
 from kubernetes import client, config
 
 from tests.plugin.kube_apiserver import kubectl
@@ -45,19 +45,22 @@ def _queued_rayjob(kubeconfig: Path, ns: str, custom: Any) -> dict[str, Any]:
     return custom.create_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", job)
 
 
-def _workload(custom: Any, ns: str, job: dict[str, Any], conditions: list[dict[str, Any]]) -> None:
+def _workload(custom: Any, ns: str, job: dict[str, Any], conditions: list[dict[str, Any]],
+              admission: dict[str, Any] | None = None, sets: tuple[str, ...] = ("head",)) -> None:
     meta = job["metadata"]
     name = f"rayjob-{meta['name']}-abcde"
     body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
             "metadata": {"name": name, "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
                          "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": meta["name"],
                                               "uid": meta["uid"], "controller": True}]},
-            "spec": {"queueName": "team-a", "podSets": [{"name": "head", "count": 1, "template": {
-                "spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray"}]}}}]}}
+            "spec": {"queueName": "team-a", "podSets": [{"name": s, "count": 1, "template": {
+                "spec": {"containers": [{"name": "ray", "image": "rayproject/ray"}]}}} for s in sets]}}
     if custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "workloads")["items"] == []:
         custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "workloads", body)
     now = "2026-12-01T20:00:00Z"
-    status = {"conditions": [{"lastTransitionTime": now, "observedGeneration": 1, **c} for c in conditions]}
+    status: dict[str, Any] = {"conditions": [{"lastTransitionTime": now, "observedGeneration": 1, **c} for c in conditions]}
+    if admission is not None:
+        status["admission"] = admission
     custom.patch_namespaced_custom_object_status("kueue.x-k8s.io", "v1beta2", ns, "workloads", name, {"status": status})
 
 
@@ -81,6 +84,28 @@ def test_status_reads_the_workloads_state_and_reason(kueue_crds: Path, apis: tup
     assert "evicted (Preempted: by a higher priority)" in kueue_check.status_lines(custom, job)[0]
 
 
+def test_status_names_the_flavor_that_admitted_the_job(kueue_crds: Path, apis: tuple[Any, Any, Any]) -> None:
+    """Capacity that falls back (#34): `status` says which ResourceFlavor (capacity kind) Kueue admitted the job
+    on, from the Workload's admission as the API server (Kueue's CRD) keeps it."""
+    custom = apis[0]
+    ns = _ns(kueue_crds, "kueue-flavor")
+    job = _queued_rayjob(kueue_crds, ns, custom)
+    admitted = [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "ok"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"}]
+    one = {"clusterQueue": "team-cq", "podSetAssignments": [
+        {"name": "head", "count": 1, "flavors": {"cpu": "team-cq-flex-start", "memory": "team-cq-flex-start"}}]}
+    _workload(custom, ns, job, admitted, one)
+    assert "admitted on flavor team-cq-flex-start: the job runs" in kueue_check.status_lines(custom, job)[0]
+    two = {"clusterQueue": "team-cq", "podSetAssignments": [
+        {"name": "head", "count": 1, "flavors": {"cpu": "team-cq-cpu", "memory": "team-cq-cpu"}},
+        {"name": "gpu-workers", "count": 1, "flavors": {"nvidia.com/gpu": "team-cq-reservation", "cpu": "team-cq-reservation"}}]}
+    ns2 = _ns(kueue_crds, "kueue-flavors")
+    job = _queued_rayjob(kueue_crds, ns2, custom)
+    _workload(custom, ns2, job, admitted, two, sets=("head", "gpu-workers"))
+    assert ("admitted on flavors team-cq-cpu (pod sets head), team-cq-reservation (pod sets gpu-workers)"
+            in kueue_check.status_lines(custom, job)[0])
+
+
 def test_a_job_without_a_queue_has_no_kueue_line(apis: tuple[Any, Any, Any]) -> None:
     assert kueue_check.status_lines(apis[0], {"metadata": {"name": "j", "namespace": "x", "labels": {}}}) == []
 
@@ -97,7 +122,7 @@ def test_doctor_passes_for_the_queue_kueue_setup_made_and_says_what_is_missing(k
     assert missing["Kueue CRDs"].ok and not missing["Kueue LocalQueue"].ok
     assert f"{ns}/team-a does not exist" in missing["Kueue LocalQueue"].detail
 
-    assert kueue_setup.run(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="team-a"), lambda _: None) == 0
+    assert kueue_command.cmd_setup(_args(kueue_crds, ns, QUEUED, apply=True, queued=True, name="team-a"), None, lambda _: None) == 0
     kubectl(kueue_crds, "apply", "-f", "-", stdin=json.dumps({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "metadata": {"name": "batch-high"},
         "value": 1000}))

@@ -17,7 +17,6 @@ from gemma3_ray.cli import kueue_command
 from gemma3_ray.config import render
 from gemma3_ray.kueue import check as kueue_check
 from gemma3_ray.kueue import objects as ko
-from gemma3_ray.kueue import setup as kueue_setup
 from gemma3_ray.utils.errors import UserError
 from kubernetes import client, config
 
@@ -48,7 +47,7 @@ def _setup(kubeconfig: Path, ns: str, *extra: str, apply: bool = False, values: 
     args = parser.parse_args(["kueue", "setup", "-n", ns, *files, "--kubeconfig", str(kubeconfig), *extra,
                               *(["--apply"] if apply else [])])
     lines: list[str] = []
-    assert kueue_setup.run(args, lines.append) == 0, lines
+    assert kueue_command.cmd_setup(args, None, lines.append) == 0, lines
     return lines
 
 
@@ -102,7 +101,7 @@ def test_a_second_namespace_gets_its_own_queue_and_never_takes_over_the_first(ku
     args = parser.parse_args(["kueue", "setup", "-n", team_b, "-f", str(SHARED), "-f", str(mine[0]),
                               "--cluster-queue", cq_a, "--kubeconfig", str(kueue_crds), "--apply"])
     with pytest.raises(UserError) as refused:
-        kueue_setup.run(args, lambda _: None)
+        kueue_command.cmd_setup(args, None, lambda _: None)
     sentence = str(refused.value)
     assert f"ClusterQueue {cq_a}" in sentence and team_a in sentence and "--cluster-queue" in sentence
     assert "nothing was changed" in sentence and sentence.count(". ") == 0, sentence
@@ -139,7 +138,7 @@ def test_the_default_queue_objects_are_per_namespace() -> None:
     for ns in ("team-a", "team-b"):
         args = parser.parse_args(["kueue", "setup", "-n", ns, "-f", str(SHARED), "--kubeconfig", "/nonexistent/kubeconfig"])
         lines: list[str] = []
-        assert kueue_setup.run(args, lines.append) == 0
+        assert kueue_command.cmd_setup(args, None, lines.append) == 0
         heads.append(lines[0])
         assert f"+ create LocalQueue {ns}/team-vision" in "\n".join(lines)
         assert "+ create WorkloadPriorityClass batch-high  [not checked]" in "\n".join(lines)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.cli import release_commands
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.config.deployment import Overrides, resolve
 from gemma3_ray.gcp import bucket_setup, grants
@@ -108,7 +107,7 @@ def test_two_concurrent_runs_sharing_a_service_account_keep_every_binding(
             dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns, ksa=ksa,
                                     gsa_name="shared-trainer"), None, None)
             clients = _clients(gcs_iam_emulator, iam, fake_usage)
-            assert release_commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+            assert prereqs.run(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -348,7 +347,7 @@ def test_two_releases_granting_on_the_bucket_at_once_keep_both_grants(
             dep = resolve(Overrides(project=PROJECT, region=REGION, namespace=ns), None, None)
             clients = Clients(project=PROJECT, storage=client, iam=iam, service_usage=fake_usage,
                               resource_manager=FakeResourceManager(PROJECT, number=PROJECT_NUMBER))
-            assert release_commands.run_prereqs(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
+            assert prereqs.run(dep, clients, dry_run=False, hf_token=None, out=lambda _: None) == 0
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 

@@ -5,6 +5,7 @@ fake-gcs-server."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -101,3 +102,47 @@ def test_status_on_a_real_api_server_follows_the_rayjob(kube_apiserver: Path, fa
     assert f"RayJob {ns}/gemma3-ray-abcde: deployment New, job PENDING" in out  # no operator: no status yet
     assert "Storage: gs://plain-bucket/gemma3-ray/gemma3-ray/ (the RayJob's --storage_path)" in out
     assert "Newest run: r1-20261201T100000Z, in progress" in out and "checkpoint_000003" in out
+
+
+def test_following_a_rayjob_ends_with_its_final_state_on_a_real_api_server(kube_apiserver: Path) -> None:
+    """`up`'s last step (kube.cluster.follow, through the one connection of config.clients.Kube) on the real
+    API server: the state KubeRay writes (set here through the status subresource: no operator runs) ends
+    the wait, and each state it saw is said once."""
+    from gemma3_ray.config.clients import Kube
+    from gemma3_ray.kube import cluster
+
+    ns = "follow-team"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=_rayjob(ns, "gemma3-ray-r1"))
+    kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", "gemma3-ray-r1", "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed", "message": "the driver exited 1"}}))
+    lines: list[str] = []
+    state = cluster.follow(Kube(kubeconfig=str(kube_apiserver)).get_custom(), ns, "gemma3-ray", lines.append)
+    assert (state.name, state.job_status, state.deployment_status) == ("gemma3-ray-r1", "FAILED", "Failed")
+    assert len(lines) == 1 and re.fullmatch(r"RayJob gemma3-ray-r1: Failed / FAILED the driver exited 1 \[\d+ s\]", lines[0])
+
+
+def test_status_says_what_to_wait_for_while_a_replaced_rayjob_is_deleted(
+        kube_apiserver: Path, fake_gcs_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #31 (7): right after an upgrade the previous revision's RayJob is being deleted (KubeRay's finalizer:
+    it stops the Ray job first) and Helm refuses to roll back to it; status names it and the wait, as NOTES and the
+    chart README do."""
+    ns = "status-rollback"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    old = json.loads(_rayjob(ns, "gemma3-ray-r1"))
+    old["metadata"]["finalizers"] = ["ray.io/rayjob-finalizer"]  # held, as KubeRay holds it while it stops the job
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=json.dumps(old))
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=_rayjob(ns, "gemma3-ray-r2"))
+    kubectl(kube_apiserver, "-n", ns, "delete", "rayjob", "gemma3-ray-r1", "--wait=false")
+    try:
+        rc = cli.main(["status", "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig",
+                       str(kube_apiserver)], Clients(project=PROJECT, storage=storage_client(fake_gcs_factory(REGION))))
+        out = capsys.readouterr().out
+        assert rc == 0
+        assert (f"RayJob {ns}/gemma3-ray-r1 is being deleted (KubeRay stops its Ray job first): to roll back to its "
+                f"revision, wait until it is gone: kubectl -n {ns} wait rayjob/gemma3-ray-r1 "
+                "--for=delete --timeout=300s") in out
+        assert "gemma3-ray-r2 is being deleted" not in out
+    finally:
+        kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", "gemma3-ray-r1", "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}')

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.clients import Clients, Kube
 from gemma3_ray.utils import tokens
 
 from tests.plugin.conftest import PROJECT, REGION
@@ -20,7 +20,7 @@ BASE = ["--project", PROJECT, "--region", REGION, "--no-kube-context", "-n", "ml
 def test_a_variable_name_is_never_refused(var: str, gcloud_home, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(var, "x")
-    clients = Clients(project=PROJECT, core_v1=FakeCore())
+    clients = Clients(project=PROJECT, kube=Kube(core=FakeCore()))
     assert cli.main(["prereqs", "--dry-run", *BASE, "--hf-token-from-env", var], clients) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "Secret ml/hf-secret with the Hugging Face token" in out
@@ -59,7 +59,7 @@ def test_no_message_quotes_a_token_typed_as_a_value(argv: list[str], gcloud_home
                                                     monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
-    rc = cli.main([*argv, *BASE], Clients(project=PROJECT, core_v1=FakeCore()))
+    rc = cli.main([*argv, *BASE], Clients(project=PROJECT, kube=Kube(core=FakeCore())))
     captured = capsys.readouterr()
     assert rc != 0
     assert TOKEN not in captured.out + captured.err and TOKEN[3:15] not in captured.out + captured.err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from gemma3_ray import cli
-from gemma3_ray.config.clients import Clients
+from gemma3_ray.config.clients import Clients, Kube
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, storage_client
 from tests.plugin.container_fakes import FakeResourceManager
@@ -78,7 +78,7 @@ def test_a_token_where_a_variable_name_is_expected_is_refused_unprinted(
 
 def _clients(url: str, core: FakeCore) -> Clients:
     return Clients(project=PROJECT, storage=storage_client(url), iam=FakeIAM(), resource_manager=FakeResourceManager(PROJECT),
-                   service_usage=FakeServiceUsage(project_number="123456789012"), core_v1=core)
+                   service_usage=FakeServiceUsage(project_number="123456789012"), kube=Kube(core=core))
 
 
 def test_token_from_a_file_and_from_stdin(gcs_iam_emulator: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -17,8 +17,7 @@ from gemma3_ray.utils import names
 
 from tests.plugin.conftest import PROJECT, REGION, ROOT, Recorder, storage_client
 from tests.plugin.gcp_fakes import FakeIAM, FakeServiceUsage
-from tests.plugin.kube_apiserver import kubectl
-from tests.plugin.kube_fakes import crds_dir
+from tests.plugin.kube_apiserver import kubectl, serve_kuberay
 from tests.plugin.test_prereqs import _clients
 
 HELMS = {"helm4": os.environ.get("HELM", str(ROOT / ".tools/bin/helm")),
@@ -68,6 +67,11 @@ def test_up_installs_the_release_with_its_own_identity(
     values_file = tmp_path / "v.yaml"  # from an earlier `up` for an L4 on a reservation, plus a key of ours
     values_file.write_text("training:\n  recipe: tutorial\n  learning_rate: 0.0002\n"
                            "capacity:\n  type: reservation\n  reservation: l4-res\n")
+    from gemma3_ray.config import clients as seam
+
+    connections: list[tuple[str | None, str | None]] = []
+    real_connect = seam.connect
+    monkeypatch.setattr(seam, "connect", lambda *where: connections.append(where) or real_connect(*where))
     rc = cli.main(["up", "--apply", *BASE, "-n", ns, "--kubeconfig", str(kube_apiserver), "--machine-type", "a3-megagpu-8g",
                    "--values-file", str(values_file)], _clients(gcs_iam_emulator, fake_iam, fake_usage))
     captured = capsys.readouterr()
@@ -75,6 +79,7 @@ def test_up_installs_the_release_with_its_own_identity(
     order = [line.split(" ")[0] for line in captured.out.splitlines() if line.split(" ")[0] in
              {"Chart", "Values:", "Prerequisites", "Release"}]
     assert order == ["Chart", "Values:", "Prerequisites", "Release"], captured.out
+    assert connections == [(str(kube_apiserver), None)]  # one Kubernetes connection for the whole command (#35)
     gsa = f"{names.release_gsa_id(ns, 'gemma3-ray')}@{PROJECT}.iam.gserviceaccount.com"
     assert gsa in fake_iam.accounts
     written = yaml.safe_load(values_file.read_text())
@@ -91,38 +96,39 @@ def test_up_installs_the_release_with_its_own_identity(
     assert [j["metadata"]["name"] for j in jobs] == ["gemma3-ray-r1"], "only the chart's RayJob, Helm's"
 
 
-@pytest.fixture(scope="class")
-def kuberay_142(kube_apiserver: Path) -> Iterator[Path]:
-    """The session's API server serving KubeRay 1.4.2's CRDs for one class of tests (1.7.0's again after it):
-    swapping them takes ~10 s each way, so the cases share one swap."""
-    def use(version: str) -> None:
-        kubectl(kube_apiserver, "apply", "--server-side", "--force-conflicts", "-f", str(crds_dir() / version))
-        kubectl(kube_apiserver, "wait", "--for", "condition=established", "--timeout=60s", "crd/rayjobs.ray.io")
-
-    use("v1.4.2")
+@pytest.fixture(scope="class", params=["v1.4.2", "v1.5.0"])
+def older_kuberay(request: pytest.FixtureRequest, kube_apiserver: Path) -> Iterator[tuple[Path, str]]:
+    """The session's API server serving KubeRay 1.4.2's, then 1.5.0's CRDs for one class of tests (1.7.0's
+    again after each): swapping them takes ~10 s each way, so the cases share one swap per version."""
+    serve_kuberay(kube_apiserver, request.param)
     try:
-        yield kube_apiserver
+        yield kube_apiserver, request.param
     finally:
-        use("v1.7.0")
+        serve_kuberay(kube_apiserver, "v1.7.0")
 
 
-class TestOnKubeRay142:
-    """KubeRay 1.4.2's CRDs served for every case of the class."""
+class TestOnOlderKubeRay:
+    """KubeRay 1.4.2's or 1.5.0's CRDs served for every case of the class."""
 
     @pytest.mark.parametrize(("values", "named", "version"), [
         ("rayTokenAuth: true\n", "rayTokenAuth", "KubeRay 1.5.1"),
         ("rayJob:\n  preRunningDeadlineSeconds: 600\n", "rayJob.preRunningDeadlineSeconds", "KubeRay 1.6.0"),
         ("service:\n  dashboardPort: 8266\n", "service.dashboardPort", "KubeRay 1.6.0"),
+        ("rayJob:\n  deletion:\n    workersAfterSeconds: 0\n", "rayJob.deletion", "KubeRay 1.6.0"),
+        ("historyServer:\n  collector:\n    image: collector:v1\n", "historyServer.collector.image", "KubeRay 1.7.0"),
     ])
-    def test_up_refuses_values_kuberay_142_would_drop_before_changing_anything(
-        self, kuberay_142: Path, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], values: str, named: str, version: str,
+    def test_up_refuses_values_an_older_kuberay_would_drop_before_changing_anything(
+        self, older_kuberay: tuple[Path, str], gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], values: str, named: str,
+        version: str,
     ) -> None:
         """KubeRay 1.4.2's CRDs prune spec.rayClusterSpec.authOptions and spec.preRunningDeadlineSeconds (a
-        warning only), and its head probes hard-code 8265 (issue #19, failure 5): `up` reads the served CRD
-        and refuses, naming the value and the KubeRay it needs, before any change."""
-        ns = f"up-old-{named.split('.')[-1].lower()}"
-        kubectl(kuberay_142, "create", "namespace", ns)
+        warning only), and its head probes hard-code 8265 (issue #19, failure 5); 1.5.0's lack them too, and
+        neither has the deletion rules the chart renders nor historyServerOptions (#34): `up` reads the served
+        CRD and refuses, naming the value and the KubeRay it needs, before any change."""
+        kubeconfig, served = older_kuberay
+        ns = f"up-{served.replace('.', '')}-{named.split('.')[-1].lower()}"
+        kubectl(kubeconfig, "create", "namespace", ns)
         monkeypatch.setenv("HELM", HELMS["helm3"])
         monkeypatch.delenv("HELM_BIN", raising=False)
         extra = tmp_path / "mine.yaml"
@@ -130,14 +136,14 @@ class TestOnKubeRay142:
         values_file = tmp_path / "v.yaml"
         values_file.write_text("# mine\n")
         rec = Recorder()
-        rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kuberay_142), "--values-file", str(values_file),
+        rc = cli.main(["up", *BASE, "-n", ns, "--kubeconfig", str(kubeconfig), "--values-file", str(values_file),
                        "-f", str(extra)], _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
         err = capsys.readouterr().err.strip()
         assert rc != 0 and "\n" not in err, err
         assert f"{named} needs {version} or newer" in err and "nothing was changed" in err, err
         assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
         assert values_file.read_text() == "# mine\n"
-        listed = subprocess.run([HELMS["helm3"], "list", "-q", "-n", ns, "--kubeconfig", str(kuberay_142)],
+        listed = subprocess.run([HELMS["helm3"], "list", "-q", "-n", ns, "--kubeconfig", str(kubeconfig)],
                                 capture_output=True, text=True, timeout=60)
         assert listed.stdout.split() == []
 

@@ -134,6 +134,10 @@ rayVersion: {{ include "gemma3-ray.rayVersion" . | quote }}
 authOptions:
   mode: token
 {{- end }}
+{{- with include "gemma3-ray.historyServerOptions" . }}
+historyServerOptions:
+  {{- . | nindent 2 }}
+{{- end }}
 {{- if $w.autoscaling.enabled }}
 enableInTreeAutoscaling: true
 autoscalerOptions:

@@ -1,10 +1,12 @@
 """cli: the command line — ``gemma3-ray COMMAND`` and, as a Helm plugin, ``helm gemma3-ray COMMAND``.
 
 Owns: argument parsing with redacted errors and the entry point (``entry``), the plan-by-default
-``--apply`` convention (``apply_flag``), the bug report of an unexpected error (``bug_report``), and
+``--apply`` convention (``apply_flag``), the flags several commands share and the ``Deployment`` and
+clients they resolve to (``common``), the bug report of an unexpected error (``bug_report``), and
 each command's flags and handler: prereqs, doctor, up, status, logs, down (``release_commands``);
 cluster create/delete/status and image build (``cluster_commands``); kueue setup
-(``kueue_command``); report (``report_command``). Nothing below imports the CLI.
+(``kueue_command``); report (``report_command``). A handler parses, then hands values (never the
+``argparse.Namespace``) to the folder that does the work. Nothing below imports the CLI.
 
 May import: utils, config, kube, gke, gcp, kueue, release.
 """

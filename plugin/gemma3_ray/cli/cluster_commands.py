@@ -6,12 +6,12 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from gemma3_ray.cli import apply_flag
+from gemma3_ray.cli import apply_flag, common
 from gemma3_ray.config.clients import Clients
-from gemma3_ray.config.deployment import from_args
 from gemma3_ray.gcp import iam_preflight, services
 from gemma3_ray.gke import cluster as gke_cluster
 from gemma3_ray.gke import flex_start
+from gemma3_ray.utils import plan as plans
 from gemma3_ray.utils.errors import EXIT_FAILURE, EXIT_USAGE, NotLoggedIn, UserError
 from gemma3_ray.utils.plan import Action, Plan
 
@@ -39,7 +39,7 @@ def _container(clients: Clients, apply: bool) -> object | None:
 
 
 def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
-    dep, clients = from_args(args, clients)
+    dep, clients = common.resolve(args, clients)
     spec = gke_cluster.spec_from(dep, standard=args.standard, cpu_machine_type=args.cpu_machine_type,
                                  node_service_account=args.node_service_account, capacity=args.capacity)
     out(f"GKE cluster for project {spec.project}, region {spec.region}:")
@@ -47,7 +47,7 @@ def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
     if container is None:
         out(f"  + create {gke_cluster.describe(spec)}  [not checked: not logged in]")
         out("  ? permissions: not checked (not logged in)")
-        out("Dry run: nothing checked or changed (no Google credentials: `gcloud auth application-default login`).")
+        out(plans.offline())
         return 0
     pre = iam_preflight.check(clients, spec.project, gke_cluster.PERMISSIONS["create"])
     if "container.clusters.get" in pre.missing:
@@ -62,8 +62,7 @@ def cmd_create(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
         out(f"Nothing to do: the cluster is ready. Next: `{spec.credentials_command()}`, then `gemma3-ray prereqs`.")
         return 0
     if not args.apply:
-        out(f"Dry run: nothing changed ({len(plan.actions)} change(s) planned). Apply with "
-            "`gemma3-ray cluster create --apply` (same flags).")
+        out(plans.dry_run(len(plan.actions), apply="gemma3-ray cluster create --apply"))
         return 0
     pre.require(spec.project)
     out("Applying (each operation is polled until it is DONE):")
@@ -98,8 +97,8 @@ def _confirm(name: str) -> bool:
 
 
 def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
-    args.dry_run = not apply_flag.applying(args, "cluster delete")
-    dep, clients = from_args(args, clients)
+    dry_run = not apply_flag.applying(args, "cluster delete")
+    dep, clients = common.resolve(args, clients)
     spec = gke_cluster.spec_from(dep, standard=False)
     container = clients.get_container()
     pre = iam_preflight.check(clients, spec.project, gke_cluster.PERMISSIONS["delete"])
@@ -111,7 +110,7 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
         return 0
     if cluster.status == gke_cluster.gke.Cluster.Status.STOPPING:
         out(f"Cluster {spec.name} is already being deleted (STOPPING); waiting for it to go.")
-        if not args.dry_run:
+        if not dry_run:
             gke_cluster.wait_gone(container, spec, out)
         return 0
     kind = "Autopilot" if cluster.autopilot.enabled else f"Standard, {len(cluster.node_pools)} node pool(s)"
@@ -119,9 +118,9 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
     out("  = kept: the bucket and its checkpoints, the Google service accounts, the images "
         "(`gemma3-ray down --prereqs` removes the prerequisites)")
     out(f"  {pre.mark} {pre.line()}")
-    if args.dry_run:
-        out("Dry run: nothing changed. Delete it with `gemma3-ray cluster delete --apply` (same flags; it asks for the "
-            "name first, --yes skips that).")
+    if dry_run:
+        out(plans.dry_run(verb="Delete it", apply="gemma3-ray cluster delete --apply",
+                          note="it asks for the name first, --yes skips that"))
         return 0
     pre.require(spec.project)
     if not args.yes and not _confirm(spec.name):
@@ -134,7 +133,7 @@ def cmd_delete(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
 
 
 def cmd_status(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
-    dep, clients = from_args(args, clients)
+    dep, clients = common.resolve(args, clients)
     spec = gke_cluster.spec_from(dep, standard=False)
     cluster = gke_cluster.get(clients.get_container(), spec)
     if cluster is None:
@@ -147,10 +146,13 @@ def cmd_status(args: argparse.Namespace, clients: Clients | None, out: Out = _ou
 
 
 def cmd_image_build(args: argparse.Namespace, clients: Clients | None, out: Out = _out) -> int:
+    from pathlib import Path
+
     from gemma3_ray.gcp import image_build
 
-    dep, clients = from_args(args, clients)
-    return image_build.run(args, dep, clients, out)
+    dep, clients = common.resolve(args, clients)
+    return image_build.run(dep, clients, out, apply=args.apply, root=Path(args.context) if args.context else None,
+                           dockerfile=args.dockerfile, base=args.base_image)
 
 
 def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.ArgumentParser], None]) -> None:  # type: ignore[type-arg]

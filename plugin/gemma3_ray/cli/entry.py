@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -12,8 +11,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gemma3_ray import __version__
+from gemma3_ray.cli import common
 from gemma3_ray.config.clients import Clients
-from gemma3_ray.config.deployment import from_args
 from gemma3_ray.utils import errors, tokens
 from gemma3_ray.utils.errors import EXIT_FAILURE, UserError
 
@@ -67,40 +66,11 @@ def redact(message: str, argv: Sequence[str]) -> str:
     return message
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("where (default: kube context, then gcloud configuration)")
-    g.add_argument("--project", help="Google Cloud project ID")
-    g.add_argument("--region", help="region of the cluster and the bucket (e.g. us-central1)")
-    g.add_argument("--zone", help="zone (for zonal reservations)")
-    g.add_argument("--cluster", help="GKE cluster name")
-    g.add_argument("--configuration", help="gcloud configuration to read instead of the active one")
-    g.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="kubeconfig file")
-    g.add_argument("--kube-context", default=os.environ.get("HELM_KUBECONTEXT") or None,
-                   help="kube context (default: the current one)")
-    g.add_argument("--no-kube-context", action="store_true", help="ignore the kube context")
-    n = p.add_argument_group("names")
-    n.add_argument("-n", "--namespace", help="Kubernetes namespace (default: $HELM_NAMESPACE, i.e. helm's -n, else default)")
-    n.add_argument("--release", help="Helm release name (default: gemma3-ray)")
-    n.add_argument("--bucket", help="bucket name, shared by the releases (default: PROJECT-gemma3-ray)")
-    n.add_argument("--prefix", help="folder in the bucket for this release (default: gemma3-ray/NAMESPACE/RELEASE)")
-    n.add_argument("--gsa-name", help="Google service account ID (default: g3r-RELEASE-HASH, one per namespace/release)")
-    n.add_argument("--ksa", help="Kubernetes service account (default: the chart's, the release's full name)")
-    n.add_argument("--hf-secret", help="Secret holding the Hugging Face token (default: hf-secret)")
-    n.add_argument("--hf-secret-key", help="key in that Secret (default: hf_api_token)")
-    s = p.add_argument_group("machine shape")
-    s.add_argument("--machine-type", help="GPU machine type, e.g. a3-ultragpu-8g")
-    s.add_argument("--reservation", help="reservation NAME or projects/P/reservations/NAME, either optionally "
-                   "ending in /reservationBlocks/BLOCK (read via the Compute API in --zone)")
-    s.add_argument("--accelerator", help="GKE accelerator label, with --gpus-per-node, for shapes not listed")
-    s.add_argument("--gpus-per-node", type=int, help="GPUs per node (1, 2, 4 or 8), with --accelerator")
-    s.add_argument("--replicas", type=int, help="GPU worker nodes (default: 1)")
-
-
 def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray.config import render
     from gemma3_ray.gcp import image_build
 
-    dep, clients = from_args(args, clients)
+    dep, clients = common.resolve(args, clients)
     extra = image_build.values(dep, clients) if args.image else []
     if args.output:
         path = Path(args.output)
@@ -120,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("values", help="write a values file for the chart from gcloud state")
-    _add_common(p)
+    common.add_common(p)
     p.add_argument("-o", "--output", help="values file to write; an existing one is updated in place "
                    "(its comments, order and other keys kept). Default: stdout")
     p.add_argument("--image", action="store_true", help="also the training image built by `image build` for these "
@@ -134,9 +104,9 @@ def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     """The commands that talk to Google Cloud and the cluster (defined in their own modules)."""
     from gemma3_ray.cli import cluster_commands, kueue_command, release_commands, report_command
 
-    release_commands.register(sub, _add_common)
-    cluster_commands.register(sub, _add_common)
-    report_command.register(sub, _add_common)
+    release_commands.register(sub, common.add_common)
+    cluster_commands.register(sub, common.add_common)
+    report_command.register(sub, common.add_common)
     kueue_command.register(sub)
 
 

@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from gemma3_ray.config.clients import Kube
 from gemma3_ray.kueue import objects as ko
 from gemma3_ray.kueue import setup as kueue_setup
 from gemma3_ray.kueue.setup import DEFAULT_QUEUE, Out
@@ -13,7 +14,10 @@ from gemma3_ray.utils import names
 
 
 def cmd_setup(args: argparse.Namespace, _clients: Any = None, out: Out = print) -> int:
-    return kueue_setup.run(args, out)
+    flags = kueue_setup.Flags(namespace=args.namespace, values=tuple(args.values or ()), queue=args.queue,
+                              cluster_queue=args.cluster_queue, jobs=args.jobs, priority_value=args.priority_value,
+                              queued=args.queued, release=args.release, chart=args.chart, apply=args.apply)
+    return kueue_setup.run(flags, Kube(kubeconfig=args.kubeconfig, context=args.kube_context), out)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

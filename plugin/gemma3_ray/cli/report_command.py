@@ -7,8 +7,8 @@ import webbrowser
 from collections.abc import Callable
 from pathlib import Path
 
+from gemma3_ray.cli import common
 from gemma3_ray.config.clients import Clients
-from gemma3_ray.config.deployment import from_args
 from gemma3_ray.gcp.run_reports import (
     REPORT_FILE,
     can_open_browser,
@@ -24,7 +24,7 @@ def cmd_report(args: argparse.Namespace, clients: Clients | None,
                out: Callable[[str], None] = lambda line: print(line, flush=True)) -> int:
     if args.release_arg:
         args.release = args.release_arg
-    dep, clients = from_args(args, clients)
+    dep, clients = common.resolve(args, clients)
     storage = clients.get_storage()
     report = pick_report(storage, dep.bucket, dep.prefix, args.run)
     if report is None:

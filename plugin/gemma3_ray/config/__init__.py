@@ -3,8 +3,9 @@
 Owns: the gcloud configuration read from its files (``gcloud_state``), the kube context
 (``kube_context``), the machine shape of a machine type or reservation (``machine_shapes``; the one
 API call here reads a ``--reservation`` through the client it is given), the ``Deployment`` resolved
-from flags > kube context > gcloud configuration (``deployment``), the lazily made Google Cloud
-clients (``clients``), and the chart's values file (``render``).
+from flags > kube context > gcloud configuration (``deployment``), the lazily made clients, Google
+Cloud's and the cluster's (``clients``: its ``Kube`` is the one place a Kubernetes connection is made,
+once per command), and the chart's values file (``render``).
 
 May import: utils.
 """

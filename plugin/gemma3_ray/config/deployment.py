@@ -8,7 +8,6 @@ configuration. All names are validated here, before any API call.
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field, replace
 
@@ -102,6 +101,9 @@ class Overrides:
     hf_secret_key: str | None = None
     replicas: int | None = None
     reservation: str | None = None
+    machine_type: str | None = None
+    accelerator: str | None = None
+    gpus_per_node: int | None = None
 
     def given(self) -> tuple[str, ...]:
         return tuple(k for k, v in vars(self).items() if v is not None)
@@ -175,51 +177,48 @@ def resolve(
     )
 
 
-# -- from the command line ---------------------------------------------------------------------------
+# -- from what the command was given ------------------------------------------------------------------
 
-def overrides(args: argparse.Namespace) -> Overrides:
-    return Overrides(
-        project=args.project, region=args.region, zone=args.zone, cluster=args.cluster,
-        namespace=args.namespace, release=args.release, bucket=args.bucket, prefix=args.prefix,
-        gsa_name=args.gsa_name, ksa=args.ksa, hf_secret=args.hf_secret, hf_secret_key=args.hf_secret_key,
-        replicas=args.replicas, reservation=args.reservation,
-    )
+def _check_shape(flags: Overrides) -> None:
+    """The machine-shape flags, validated before anything else."""
+    if flags.accelerator or flags.gpus_per_node is not None:
+        if not (flags.accelerator and flags.gpus_per_node is not None):
+            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
+        if flags.machine_type:
+            names.machine_type(flags.machine_type)
+        machine_shapes.custom_shape(flags.machine_type, flags.accelerator, flags.gpus_per_node)
+    elif flags.machine_type:
+        machine_shapes.shape_for_machine_type(flags.machine_type)
 
 
-def _shape(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Shape | None:
-    if args.accelerator:
-        return machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
-    if args.machine_type:
-        return machine_shapes.shape_for_machine_type(args.machine_type)
-    if args.reservation:
-        machine_shapes.check_reservation_lookup(dep.zone, args.reservation)  # before credentials are looked for
-        return machine_shapes.shape_for_reservation(clients.get_reservations(), dep.project, dep.zone, args.reservation)
+def _shape(flags: Overrides, dep: Deployment, clients: Clients) -> Shape | None:
+    if flags.accelerator:
+        return machine_shapes.custom_shape(flags.machine_type, flags.accelerator, flags.gpus_per_node)
+    if flags.machine_type:
+        return machine_shapes.shape_for_machine_type(flags.machine_type)
+    if flags.reservation:
+        machine_shapes.check_reservation_lookup(dep.zone, flags.reservation)  # before credentials are looked for
+        return machine_shapes.shape_for_reservation(clients.get_reservations(), dep.project, dep.zone, flags.reservation)
     return None
 
 
-def from_args(args: argparse.Namespace, clients: Clients | None) -> tuple[Deployment, Clients]:
-    """Resolve every setting (names validated first), then the machine shape (may call the Compute API)."""
-    gcloud = read_gcloud_state(configuration=args.configuration)
-    context = None if args.no_kube_context else kube.current_context(args.kubeconfig, args.kube_context)
+def load(flags: Overrides, clients: Clients | None = None, *, configuration: str | None = None,
+         kubeconfig: str | None = None, kube_context: str | None = None,
+         use_kube_context: bool = True) -> tuple[Deployment, Clients]:
+    """Resolve every setting (names validated first), then the machine shape (may call the Compute API); the
+    clients (``clients``, else new ones) are pointed at ``kubeconfig``/``kube_context`` for the cluster."""
+    gcloud = read_gcloud_state(configuration=configuration)
+    context = kube.current_context(kubeconfig, kube_context) if use_kube_context else None
     gke = kube.parse_gke_context(context) if context else None
-    # the shape flags are validated before anything else
-    if args.accelerator or args.gpus_per_node is not None:
-        if not (args.accelerator and args.gpus_per_node is not None):
-            raise names.InvalidName("--accelerator and --gpus-per-node go together: pass both.")
-        if args.machine_type:
-            names.machine_type(args.machine_type)
-        machine_shapes.custom_shape(args.machine_type, args.accelerator, args.gpus_per_node)
-    elif args.machine_type:
-        machine_shapes.shape_for_machine_type(args.machine_type)
-    flags = overrides(args)
-    shape_flags = ("machine_type", "accelerator", "gpus_per_node")
-    given = flags.given() + tuple(f for f in shape_flags if getattr(args, f, None) is not None)
+    _check_shape(flags)
+    given = flags.given()
     if flags.namespace is None and os.environ.get("HELM_NAMESPACE"):  # `helm -n NS gemma3-ray ...`
-        flags.namespace = os.environ["HELM_NAMESPACE"]
+        flags = replace(flags, namespace=os.environ["HELM_NAMESPACE"])
     dep = resolve(flags, gcloud, gke, kube_context=context, given=given)
     if clients is None:
         clients = Clients(project=dep.project)
-    shape = _shape(args, dep, clients)
+    clients.kube.point_at(kubeconfig, kube_context)
+    shape = _shape(flags, dep, clients)
     if shape is not None:
         dep = replace(dep, shape=shape)
     return dep, clients

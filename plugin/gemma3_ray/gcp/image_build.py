@@ -10,7 +10,6 @@ of those files, so the same pins always give the same tag, and "is it built?" is
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import io
@@ -29,7 +28,7 @@ from gemma3_ray.config.clients import Clients
 from gemma3_ray.config.deployment import Deployment
 from gemma3_ray.gcp import iam_preflight
 from gemma3_ray.gcp.artifact_registry import Registry, build_account, registry_of
-from gemma3_ray.utils import names, poll
+from gemma3_ray.utils import names, plan, poll
 from gemma3_ray.utils.errors import NotFound, NotLoggedIn, UserError, call_google
 from gemma3_ray.utils.paths import REPO_ROOT
 from gemma3_ray.utils.tokens import shown
@@ -232,8 +231,11 @@ def follow(clients: Clients, reg: Registry, build: Any, out: Out) -> Any:
     return build
 
 
-def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -> int:
-    ctx = context(Path(args.context) if args.context else None, args.dockerfile, args.base_image)
+def run(dep: Deployment, clients: Clients, out: Out, *, apply: bool, root: Path | None = None,
+        dockerfile: str = DOCKERFILE, base: str | None = None) -> int:
+    """`image build`: the plan (what exists, what would be uploaded and built), and with ``apply`` the build,
+    followed until it ends (``root``: the build context; ``base``: the Dockerfile's BASE_IMAGE)."""
+    ctx = context(root, dockerfile, base)
     reg = registry_of(dep)
     image = reg.image(ctx.tag)
     args_text = "".join(f" --build-arg {k}={v}" for k, v in ctx.build_args)
@@ -243,14 +245,14 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
         pre = iam_preflight.check(clients, dep.project, PERMISSIONS)
         state = image_state(clients, reg, ctx.tag)
     except NotLoggedIn:
-        if args.apply:
+        if apply:
             raise
         out(f"  ? Artifact Registry repository {reg.host}, image {image}: not checked (not logged in)")
         out(f"  + upload the build context to gs://{reg.staging_bucket}/source/{ctx.tag}.tgz")
         out(f"  + Cloud Build in {dep.region}, as {build_account(dep.project)}: docker build --file {ctx.dockerfile}"
             f"{args_text} . -> push {image}")
         out("  ? permissions: not checked (not logged in)")
-        out("Dry run: nothing checked or changed (no Google credentials: `gcloud auth application-default login`).")
+        out(plan.offline())
         return 0
     if state == "built":
         out(f"  = image {image}")
@@ -281,8 +283,8 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Out) -
         + ("" if has_builder else " (MISSING: create it with `gemma3-ray prereqs --apply --image`)")
         + f": docker build --file {ctx.dockerfile}{args_text} . -> push {image} (log: gs://{reg.staging_bucket}/logs/)")
     out(f"  {pre.mark} {pre.line()}")
-    if not args.apply:
-        out("Dry run: nothing changed. Build with `gemma3-ray image build --apply` (same flags).")
+    if not apply:
+        out(plan.dry_run(verb="Build", apply="gemma3-ray image build --apply"))
         return 0
     if not (ready and staged and has_builder):
         what = (f"The Artifact Registry repository {reg.path}" if not ready else

@@ -1,7 +1,8 @@
 """kube: the Kubernetes cluster, through the ``kubernetes`` client and the ``helm`` binary.
 
-Owns: objects inside the cluster — the HF token Secret, the RayJob, its driver log, the Ray
-dashboard through the API server, CRD reads (``cluster``); the Helm release: template,
+Owns: objects inside the cluster, through the API clients ``config.clients.Kube`` makes — the HF
+token Secret, the RayJob (followed until it ends), its driver log, the Ray dashboard through the API
+server, CRD reads (``cluster``); the Helm release: template,
 upgrade --install, uninstall (``helm_release``); which RayJob fields the installed KubeRay CRD knows
 (``kuberay_crd``).
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from gemma3_ray.utils.errors import ClusterError, MissingBinary, UserError
+from gemma3_ray.utils import poll
+from gemma3_ray.utils.errors import ClusterError, UserError
 
 RAY_GROUP = "ray.io"
 RAY_VERSION = "v1"
@@ -21,49 +21,9 @@ DASHBOARD_PORT = 8265
 HTTP_NOT_FOUND = 404
 HTTP_FORBIDDEN = 403
 HTTP_UNAUTHORIZED = 401
-
-
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
-    _check_credential_plugin(kubeconfig, context)
-    try:
-        config.load_kube_config(config_file=kubeconfig, context=context)
-    except (ConfigException, FileNotFoundError) as exc:
-        raise ClusterError(
-            f"No usable kube context ({exc}): run `gcloud container clusters get-credentials CLUSTER --location "
-            "LOCATION` or pass --kubeconfig / --kube-context."
-        ) from exc
-    return client
-
-
-def _check_credential_plugin(kubeconfig: str | None, context: str | None) -> None:
-    """The kube context's exec credential plugin (GKE: gke-gcloud-auth-plugin) must be on PATH: the kubernetes
-    client only logs its absence and then talks to the cluster without credentials."""
-    import os
-    import shutil
-
-    import yaml
-
-    path = Path(kubeconfig or (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)[0]).expanduser()
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        name = context or doc.get("current-context")
-        ctx = next(c.get("context") or {} for c in doc.get("contexts") or [] if c.get("name") == name)
-        user = next(u.get("user") or {} for u in doc.get("users") or [] if u.get("name") == ctx.get("user"))
-        command = str((user.get("exec") or {}).get("command") or "")
-    except (OSError, yaml.YAMLError, StopIteration, AttributeError, TypeError):
-        return  # the kubernetes client reports an unreadable kubeconfig itself
-    if command and shutil.which(command) is None:
-        hint = ("install it with `gcloud components install gke-gcloud-auth-plugin` (or your package manager's "
-                "google-cloud-cli-gke-gcloud-auth-plugin)") if "gke-gcloud-auth-plugin" in command else "install it"
-        raise MissingBinary(f"The kube context's credential plugin {command} is not on PATH: {hint}, then run this "
-                            "again.")
-
-
-def core_v1(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    return load_config(kubeconfig, context).CoreV1Api()
+TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
+TERMINAL_DEPLOYMENT_STATES = {"Complete", "Failed"}
+FOLLOW_INTERVAL_S = 10.0
 
 
 def _api_error(exc: Exception, what: str) -> UserError:
@@ -165,6 +125,16 @@ def find_rayjob(custom: Any, namespace: str, release: str) -> dict[str, Any]:
         raise ClusterError(f"No RayJob of release {release!r} in namespace {namespace}: run `gemma3-ray up` "
                            "or `helm install` first.")
     return max(items, key=lambda o: o["metadata"].get("creationTimestamp") or "")
+
+
+def follow(custom: Any, namespace: str, release: str, out: Callable[[str], None]) -> RayJobState:
+    """Poll the release's newest RayJob until it ends, printing each change of its state; its last state."""
+    def ended(s: RayJobState) -> bool:
+        return s.job_status in TERMINAL_JOB_STATES or s.deployment_status in TERMINAL_DEPLOYMENT_STATES
+
+    return poll.until(lambda: rayjob_state(find_rayjob(custom, namespace, release)), ended,
+                      interval=FOLLOW_INTERVAL_S, timeout=None, out=out, progress_every=float("inf"),
+                      describe=lambda s: f"RayJob {s.name}: {s.deployment_status} / {s.job_status} {s.message}".rstrip())
 
 
 def dashboard_job(core: Any, namespace: str, ray_cluster: str, job_id: str) -> dict[str, Any] | None:

@@ -50,15 +50,24 @@ def chart_path(chart: str | None) -> Path:
     return path
 
 
+def _one(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The layers merged as Helm merges its -f files (a later list or scalar replaces, maps merge key by
+    key), as one: pyhelm3 would merge several itself and concatenate their lists (a values file's
+    capacity.fallback or workers.tolerations would add to the chart's instead of replacing them)."""
+    from gemma3_ray.config.render import merged
+
+    return [merged(values)] if values else []
+
+
 async def _upgrade(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> Any:
     loaded = await helm.get_chart(chart)
-    return await helm.install_or_upgrade_release(release, loaded, *values, namespace=namespace,
+    return await helm.install_or_upgrade_release(release, loaded, *_one(values), namespace=namespace,
                                                  create_namespace=False, wait=False)
 
 
 async def _template(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> list[Any]:
     loaded = await helm.get_chart(chart)
-    return list(await helm.template_resources(loaded, release, *values, namespace=namespace))
+    return list(await helm.template_resources(loaded, release, *_one(values), namespace=namespace))
 
 
 def upgrade_install(helm: Any, release: str, chart: Path, values: list[dict[str, Any]], namespace: str) -> Any:

@@ -5,6 +5,7 @@ where the operator understands them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +25,18 @@ class OptionalField:
     values_key: str
     since: str
     is_set: Callable[[dict[str, Any]], bool]
-    off: str  # how to turn the value off
+    off: str  # how to turn the value off ("it" stands for values_key)
     # What happens on an older KubeRay: the API server prunes the field (a warning only), or worse.
     older: str = "the API server would drop it without an error"
+
+
+def _deletion_set(values: dict[str, Any]) -> bool:
+    deletion = (values.get("rayJob") or {}).get("deletion") or {}
+    return any(deletion.get(k) is not None for k in ("workersAfterSeconds", "clusterAfterSeconds"))
+
+
+def _collector_set(values: dict[str, Any]) -> bool:
+    return bool(((values.get("historyServer") or {}).get("collector") or {}).get("image"))
 
 
 def _dashboard_port(values: dict[str, Any]) -> int:
@@ -44,6 +54,17 @@ OPTIONAL_FIELDS = (
     OptionalField("preRunningDeadlineSeconds", "service.dashboardPort", "KubeRay 1.6.0",
                   lambda v: _dashboard_port(v) != DEFAULT_DASHBOARD_PORT, f"set it to {DEFAULT_DASHBOARD_PORT}",
                   older=f"its head probes hard-code port {DEFAULT_DASHBOARD_PORT}, so the head would never be ready"),
+    # spec.deletionStrategy.deletionRules is in the CRD since 1.5.0, but 1.5.0's rule condition requires
+    # jobStatus (no jobDeploymentStatus) and its RayJobDeletionPolicy feature gate is alpha, off by default
+    # (its operator then fails the RayJob); 1.6.0 made the gate beta, on by default
+    # (ray-operator/pkg/features/features.go). 1.6.0 is told apart by spec.preRunningDeadlineSeconds.
+    OptionalField("preRunningDeadlineSeconds", "rayJob.deletion", "KubeRay 1.6.0", _deletion_set,
+                  "set rayJob.deletion.workersAfterSeconds and clusterAfterSeconds to null",
+                  older="KubeRay 1.4 drops spec.deletionStrategy, and 1.5 refuses the chart's rules (its CRD lacks "
+                        "jobDeploymentStatus) or, with its RayJobDeletionPolicy feature gate off by default, fails "
+                        "the RayJob"),
+    OptionalField(f"{CLUSTER_SPEC}.historyServerOptions", "historyServer.collector.image", "KubeRay 1.7.0",
+                  _collector_set, 'set it to ""'),
 )
 # Fields the chart always renders; a CRD without them is too old for the chart.
 REQUIRED_FIELDS = ("entrypoint", CLUSTER_SPEC, "runtimeEnvYAML", "shutdownAfterJobFinishes",
@@ -79,8 +100,11 @@ def rayjob_spec_fields(crd: dict[str, Any]) -> CrdReport:
 def refusals(report: CrdReport, values: dict[str, Any]) -> list[str]:
     """One sentence for each value the installed KubeRay cannot honour (empty: all fine)."""
     return [f"{f.values_key} needs {f.since} or newer, and the cluster's RayJob CRD is older (it lacks spec.{f.path}): "
-            f"{f.older}; upgrade the KubeRay operator or {f.off.replace('it', f.values_key, 1)}"
+            f"{f.older}; upgrade the KubeRay operator or {_IT.sub(f.values_key, f.off, count=1)}"
             for f in OPTIONAL_FIELDS if f.is_set(values) and not report.supports(f.path)]
+
+
+_IT = re.compile(r"\bit\b")
 
 
 def check_before_install(api_ext: Any, values: list[dict[str, Any]]) -> str:

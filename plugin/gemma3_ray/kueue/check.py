@@ -40,7 +40,7 @@ def workload_state(workload: dict[str, Any]) -> str:
     if cond.get("Evicted", {}).get("status") == "True":
         return f"evicted ({why(cond['Evicted'])}); Kueue suspended the job and queues it again"
     if cond.get("Admitted", {}).get("status") == "True":
-        return "admitted: the job runs"
+        return f"admitted{admitted_on(workload)}: the job runs"
     reserved = cond.get("QuotaReserved", {})
     if reserved.get("status") == "True":
         checks = (workload.get("status") or {}).get("admissionChecks") or []
@@ -50,6 +50,20 @@ def workload_state(workload: dict[str, Any]) -> str:
     if reserved:
         return f"waiting in the queue ({why(reserved)})"
     return "waiting in the queue (not yet considered by Kueue)"
+
+
+def admitted_on(workload: dict[str, Any]) -> str:
+    """" on flavor F" (or " on flavors F (pod sets a, b), G (c)"): the ResourceFlavors Kueue assigned at admission
+    (status.admission.podSetAssignments[].flavors, one per resource), which say which capacity the job got."""
+    by_flavor: dict[str, list[str]] = {}
+    for a in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
+        for flavor in dict.fromkeys((a.get("flavors") or {}).values()):
+            by_flavor.setdefault(flavor, []).append(a.get("name", "?"))
+    if not by_flavor:
+        return ""
+    if len(by_flavor) == 1:
+        return f" on flavor {next(iter(by_flavor))}"
+    return " on flavors " + ", ".join(f"{f} (pod sets {', '.join(sets)})" for f, sets in by_flavor.items())
 
 
 def find_workload(custom: Any, rayjob: dict[str, Any]) -> dict[str, Any] | None:

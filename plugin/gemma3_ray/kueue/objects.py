@@ -26,6 +26,15 @@ OWNER_LABEL = "app.kubernetes.io/managed-by"
 OWNER = f"{names.PRODUCT}-kueue-setup"
 PROVISIONING_CLASS = "queued-provisioning.gke.io"  # GKE's class for flex-start with queued provisioning
 PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
+# GKE's ProvisioningRequest takes one pod set per request (ray-project/ray#57839): Kueue merges the pod
+# sets it sends whose scheduling requirements are the same (apis/kueue/v1beta2/provisioningrequestconfig_types.go
+# IdenticalWorkloadSchedulingRequirements; the other policy, IdenticalPodTemplates, also needs the
+# same containers and labels).
+POD_SET_MERGE_POLICY = "IdenticalWorkloadSchedulingRequirements"
+# A request GKE cannot fill is retried: at most 3 times, after about 60 s, 120 s, 240 s (at most 1800 s),
+# then Kueue deactivates the Workload. These are Kueue's documented defaults (retryStrategy), written out
+# so the plan shows them and a live object that differs is brought back.
+RETRY_STRATEGY = {"backoffLimitCount": 3, "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800}
 # KubeRay's submitter defaults (ray-operator/controllers/ray/common/job.go), as Kueue mirrors them.
 DEFAULT_SUBMITTER_REQUESTS = {"cpu": "500m", "memory": "200Mi"}
 # The node labels that tell GPU pools apart (the chart's worker nodeSelector sets them).
@@ -34,6 +43,9 @@ FLAVOR_LABEL_KEYS = ("cloud.google.com/gke-accelerator", "cloud.google.com/gke-f
 GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}  # GKE taints every GPU node so
 QUEUED_TAINT = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
+FLEX_START_LABEL = {"cloud.google.com/gke-flex-start": "true"}  # GKE's label of flex-start nodes
+# The capacity kinds of the chart's capacity.fallback, the order Kueue tries them in is the values'.
+FALLBACK_KINDS = ("reservation", "flex-start", "on-demand")
 DEFAULT_PRIORITY_VALUE = 100  # a WorkloadPriorityClass setup makes; a job without a class has priority 0
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # the API server sets it on every namespace
 
@@ -141,6 +153,8 @@ class Setup:
     jobs: int = 1
     priority: str = ""  # the WorkloadPriorityClass the values name (kueue.priorityClass), if any
     priority_value: int = DEFAULT_PRIORITY_VALUE
+    fallback: tuple[str, ...] = ()  # capacity.fallback with capacity.type=fallback: one flavor per kind, in order
+    reservation: str = ""  # capacity.reservation
 
     @property
     def gpu_sets(self) -> list[PodSet]:
@@ -177,11 +191,43 @@ class Setup:
     def namespace_selector(self) -> dict[str, Any]:
         return {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}}
 
+    @property
+    def capacity_sets(self) -> list[PodSet]:
+        """The pod sets a fallback's flavors admit: the GPU ones, or every one of a CPU-only job."""
+        return self.gpu_sets or list(self.sets)
+
+    def fallback_flavor(self, kind: str) -> str:
+        return f"{self.cluster_queue}-{kind}"
+
+    def kind_labels(self, kind: str) -> dict[str, str]:
+        """A capacity kind's GKE node labels, as the chart's worker nodeSelector writes them for that
+        capacity.type (templates/_helpers.tpl gemma3-ray.workerNodeSelector); on-demand has none."""
+        if kind == "flex-start":
+            return dict(FLEX_START_LABEL)
+        if kind == "reservation":
+            return reservation_labels(self.reservation)
+        return {}
+
     def flavor_labels(self) -> dict[str, str]:
         labels: dict[str, str] = {}
         for s in self.gpu_sets:
             labels.update({k: v for k, v in s.node_selector.items() if k in FLAVOR_LABEL_KEYS})
         return labels
+
+
+def reservation_labels(reservation: str) -> dict[str, str]:
+    """GKE's node labels for capacity.reservation ("N", "N/reservationBlocks/B" or
+    "projects/P/reservations/N[/reservationBlocks/B]"), as the chart renders them for type=reservation."""
+    if not reservation:
+        raise ValueError("capacity.reservation is empty: the fallback lists reservation")
+    rest, _, block = reservation.partition("/reservationBlocks/")
+    parts = rest.split("/")
+    labels = {"cloud.google.com/reservation-name": parts[-1], "cloud.google.com/reservation-affinity": "specific"}
+    if rest.startswith("projects/"):
+        labels["cloud.google.com/reservation-project"] = parts[1]
+    if block:
+        labels["cloud.google.com/reservation-blocks"] = block
+    return labels
 
 
 def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -200,20 +246,36 @@ def objects(setup: Setup) -> list[dict[str, Any]]:
                     "value": setup.priority_value,
                     "description": f"made by `{names.PRODUCT} kueue setup` for the jobs whose values name it"})
     flavors: list[dict[str, Any]] = []
-    if setup.gpu_sets:
+    if setup.fallback:
+        # One flavor per capacity kind, in the values' order: Kueue tries a ClusterQueue's flavors in order
+        # and admits on the first with room (the default flavorFungibility: the next when the quota is
+        # used), then writes that flavor's nodeLabels into the pods' nodeSelector.
+        taints = [GPU_TAINT] if setup.gpu_sets else []
+        base = setup.flavor_labels()
+        for kind in setup.fallback:
+            name = setup.fallback_flavor(kind)
+            out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(name),
+                        "spec": {"nodeLabels": {**base, **setup.kind_labels(kind)}, "nodeTaints": taints}})
+            flavors.append({"name": name, "resources": setup.quota(setup.capacity_sets)})
+        if setup.gpu_sets:
+            out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.cpu_flavor), "spec": {}})
+            flavors.append({"name": setup.cpu_flavor, "resources": setup.quota(setup.cpu_sets)})
+    elif setup.gpu_sets:
         taints = [GPU_TAINT] + ([QUEUED_TAINT] if setup.queued else []) + ([SPOT_TAINT] if setup.capacity == "spot" else [])
         out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.gpu_flavor),
                     "spec": {"nodeLabels": setup.flavor_labels(), "nodeTaints": taints}})
         flavors.append({"name": setup.gpu_flavor, "resources": setup.quota(setup.gpu_sets)})
-    out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.cpu_flavor), "spec": {}})
-    flavors.append({"name": setup.cpu_flavor, "resources": setup.quota(setup.cpu_sets)})
+    if not setup.fallback:
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.cpu_flavor), "spec": {}})
+        flavors.append({"name": setup.cpu_flavor, "resources": setup.quota(setup.cpu_sets)})
     cq_spec: dict[str, Any] = {
         "namespaceSelector": setup.namespace_selector,
         "resourceGroups": [{"coveredResources": setup.covered(), "flavors": flavors}],
     }
     if setup.queued:
         out.append({"apiVersion": API_VERSION, "kind": "ProvisioningRequestConfig", "metadata": _meta(setup.check),
-                    "spec": {"provisioningClassName": PROVISIONING_CLASS, "managedResources": [GPU]}})
+                    "spec": {"provisioningClassName": PROVISIONING_CLASS, "managedResources": [GPU],
+                             "podSetMergePolicy": POD_SET_MERGE_POLICY, "retryStrategy": dict(RETRY_STRATEGY)}})
         out.append({"apiVersion": API_VERSION, "kind": "AdmissionCheck", "metadata": _meta(setup.check),
                     "spec": {"controllerName": PROVISIONING_CONTROLLER, "parameters": {
                         "apiGroup": GROUP, "kind": "ProvisioningRequestConfig", "name": setup.check}}})

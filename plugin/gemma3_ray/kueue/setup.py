@@ -12,19 +12,37 @@ changed (the plan refuses before anything is applied).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemma3_ray.config.clients import Kube
 from gemma3_ray.kueue import objects as ko
 from gemma3_ray.utils import names
+from gemma3_ray.utils import plan as plans
 from gemma3_ray.utils.errors import EXIT_USAGE, ClusterError, UserError
 from gemma3_ray.utils.plan import Action, Plan
 
 Out = Callable[[str], None]
 HTTP_NOT_FOUND = 404
 DEFAULT_QUEUE = names.PRODUCT
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What `kueue setup` is asked (its flags, parsed; None: not given)."""
+
+    namespace: str | None = None
+    values: tuple[str, ...] = ()  # the releases' values files
+    queue: str | None = None
+    cluster_queue: str | None = None
+    jobs: int = 1
+    priority_value: int = ko.DEFAULT_PRIORITY_VALUE
+    queued: bool = False
+    release: str | None = None
+    chart: str | None = None
+    apply: bool = False
 
 
 class ForeignObject(UserError):
@@ -156,53 +174,72 @@ def _taken(text: str, live: dict[str, Any], namespace: str) -> TakenByAnotherNam
         f"(each namespace gets its own ClusterQueue) or pass another one than {live['metadata']['name']}.")
 
 
-def setup_from(args: argparse.Namespace, rayjob: dict[str, Any], capacity: str) -> ko.Setup:
-    namespace = args.namespace or "default"
+def setup_from(flags: Flags, rayjob: dict[str, Any], capacity: str,
+               values: list[dict[str, Any]] | None = None) -> ko.Setup:
+    namespace = flags.namespace or "default"
     names.dns_label("namespace", namespace, "--namespace")
     labels = rayjob["metadata"]["labels"]
     queue = labels[ko.QUEUE_LABEL]
-    cluster_queue = args.cluster_queue or names.cluster_queue(namespace, queue)
+    cluster_queue = flags.cluster_queue or names.cluster_queue(namespace, queue)
     for flag, value in (("--queue", queue), ("--cluster-queue", cluster_queue)):
         names.dns_label("queue", value, flag)
-    if args.jobs < 1:
+    if flags.jobs < 1:
         raise UserError("--jobs must be at least 1 (how many such jobs the queue admits at once).")
+    fallback: tuple[str, ...] = ()
+    reservation = _last(values or [], "capacity", "reservation") or ""
+    if capacity == "fallback":
+        # What the chart accepted for these values (its schema: each kind once, of FALLBACK_KINDS).
+        listed = next((v["capacity"]["fallback"] for v in reversed(values or [])
+                       if isinstance(v.get("capacity"), dict) and "fallback" in v["capacity"]), None)
+        fallback = tuple(listed) if listed else ko.FALLBACK_KINDS
     return ko.Setup(namespace=namespace, queue=queue, cluster_queue=cluster_queue,
-                    sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=args.jobs,
+                    sets=tuple(ko.pod_sets(rayjob)), capacity=capacity, jobs=flags.jobs,
                     priority=labels.get(ko.PRIORITY_LABEL, ""),
-                    priority_value=getattr(args, "priority_value", ko.DEFAULT_PRIORITY_VALUE))
+                    priority_value=flags.priority_value,
+                    fallback=fallback, reservation=reservation)
 
 
 def _last(values: list[dict[str, Any]], section: str, key: str) -> Any:
     return next((v[section][key] for v in reversed(values) if isinstance(v.get(section), dict) and v[section].get(key)), None)
 
 
-def rendered_job(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The RayJob the chart renders from these values (with this queue), and its capacity.type."""
+def rendered_job(flags: Flags) -> tuple[dict[str, Any], str, list[dict[str, Any]]]:
+    """The RayJob the chart renders from these values (with this queue), its capacity.type and the values."""
     from gemma3_ray.config import render
     from gemma3_ray.kube import helm_release
 
-    values = [render.load_plain(Path(f)) for f in args.values or []]
-    capacity = "queued" if args.queued else (_last(values, "capacity", "type") or "none")
-    queue = args.queue or _last(values, "kueue", "queueName") or DEFAULT_QUEUE
+    values = [render.load_plain(Path(f)) for f in flags.values or []]
+    capacity = "queued" if flags.queued else (_last(values, "capacity", "type") or "none")
+    queue = flags.queue or _last(values, "kueue", "queueName") or DEFAULT_QUEUE
     values.append({"kueue": {"queueName": queue}, "capacity": {"type": capacity}})
     helm = helm_release.client(None, None)
-    docs = helm_release.template(helm, args.release or names.PRODUCT, helm_release.chart_path(args.chart), values,
-                            args.namespace or "default")
+    docs = helm_release.template(helm, flags.release or names.PRODUCT, helm_release.chart_path(flags.chart), values,
+                            flags.namespace or "default")
     jobs = [d for d in docs if d.get("kind") == "RayJob"]
     if len(jobs) != 1:
         raise UserError(f"The chart rendered {len(jobs)} RayJobs from these values, expected one.")
-    return jobs[0], capacity
+    return jobs[0], capacity, values
 
 
-def run(args: argparse.Namespace, out: Out) -> int:
-    rayjob, capacity = rendered_job(args)
-    setup = setup_from(args, rayjob, capacity)
+def run(flags: Flags, kube: Kube, out: Out) -> int:
+    rayjob, capacity, values = rendered_job(flags)
+    setup = setup_from(flags, rayjob, capacity, values)
     wanted = ko.objects(setup)
     out(f"Kueue objects for queue {setup.namespace}/{setup.queue} (ClusterQueue {setup.cluster_queue}), for "
         f"{setup.jobs} job(s) at once; one job asks for:")
     for s in setup.sets:
         out(f"    pod set {s.name}: {s.count} x ({ko.describe(s.requests)})")
-    api, reason = _api(args)
+    if setup.fallback:
+        out(f"  capacity that falls back: Kueue tries {', '.join(setup.fallback_flavor(k) for k in setup.fallback)} in "
+            "that order and admits the job on the first with quota left, putting that flavor's node labels on "
+            f"{'the GPU pods' if setup.gpu_sets else 'its pods'}.")
+    if setup.queued:
+        r = ko.RETRY_STRATEGY
+        out(f"  queued provisioning: the ProvisioningRequestConfig merges pod sets with the same scheduling "
+            f"requirements (podSetMergePolicy {ko.POD_SET_MERGE_POLICY}: GKE's ProvisioningRequest takes one pod "
+            f"set) and retries a request GKE cannot fill {r['backoffLimitCount']} times, "
+            f"{r['backoffBaseSeconds']} s apart and doubling, at most {r['backoffMaxSeconds']} s (retryStrategy).")
+    api, reason = _api(kube, flags.apply)
     p = plan(api, wanted, setup.namespace)
     for line in p.lines():
         out(line)
@@ -211,9 +248,8 @@ def run(args: argparse.Namespace, out: Out) -> int:
     if not p.actions:
         out(f"Nothing to do. Users install with --set kueue.queueName={setup.queue} -n {setup.namespace}.")
         return 0
-    if not args.apply:
-        out(f"Dry run: nothing changed ({len(p.actions)} change(s) planned). Apply with `{names.PRODUCT} kueue setup "
-            "--apply` (same flags).")
+    if not flags.apply:
+        out(plans.dry_run(len(p.actions), apply=f"{names.PRODUCT} kueue setup --apply"))
         return 0
     if api is None:
         raise ClusterError(f"Cannot apply: {reason}.")
@@ -225,13 +261,11 @@ def run(args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def _api(args: argparse.Namespace) -> tuple[Api | None, str]:
-    from gemma3_ray.kube import cluster
-
+def _api(kube: Kube, apply: bool) -> tuple[Api | None, str]:
     try:
-        client = cluster.load_config(args.kubeconfig, args.kube_context)
+        custom = kube.get_custom()
     except UserError as exc:
-        if args.apply:
+        if apply:
             raise
         return None, f"no cluster connection: {str(exc).rstrip('.')}"
-    return Api(client.CustomObjectsApi()), ""
+    return Api(custom), ""

@@ -2,8 +2,8 @@
 
 Owns: the prerequisites Helm cannot create — Google Cloud identities, grants and bucket, and the HF
 token Secret (``prereqs``) — and their removal (``teardown``); ``doctor``'s checks end to end
-(``doctor``, with the GKE and image checks in ``doctor_gke``); ``status`` (``status``); ``down``
-(``down``).
+(``doctor``, with the GKE and image checks in ``doctor_gke``); ``up``'s flow, each module it uses
+entered once (``up``); ``status`` (``status``); ``down`` (``down``).
 
 May import: utils, config, kube, gke, gcp, kueue.
 """

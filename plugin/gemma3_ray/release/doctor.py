@@ -29,6 +29,16 @@ class Kube:
     context: str | None = None
 
 
+def cluster_apis(clients: Clients) -> Kube:
+    """What doctor reads of the cluster: the kube context in use and, when there is one, its APIs."""
+    from gemma3_ray.config.kube_context import current_context
+
+    kube = Kube(context=current_context(clients.kube.kubeconfig, clients.kube.context))
+    if kube.context:
+        kube.core, kube.api_ext, kube.custom = clients.kube.get_core(), clients.kube.get_api_ext(), clients.kube.get_custom()
+    return kube
+
+
 def check_auth(dep: Deployment, clients: Clients) -> Check:
     def run() -> Check:
         clients.credentials()

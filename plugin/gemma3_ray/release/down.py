@@ -12,7 +12,6 @@ left (KubeRay's finalizer stops each job; a job's cluster goes with it), then th
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from gemma3_ray.config.deployment import Deployment
 from gemma3_ray.kube import cluster, helm_release
 from gemma3_ray.release import teardown
 from gemma3_ray.release.teardown import Removal
+from gemma3_ray.utils import plan as plans
 from gemma3_ray.utils import poll
 from gemma3_ray.utils.errors import ClusterError, UserError
 from gemma3_ray.utils.plan import Action
@@ -100,9 +100,9 @@ def remove_unmanaged(custom: Any, dep: Deployment) -> list[str]:
     return lines
 
 
-def _cluster_side(args: argparse.Namespace, dep: Deployment, custom: Any) -> Removal:
+def _cluster_side(dep: Deployment, clients: Clients, custom: Any) -> Removal:
     """RayJobs Helm does not manage, then the release, then a wait until no RayJob of it is left."""
-    helm = helm_release.client(args.kubeconfig, args.kube_context)
+    helm = helm_release.client(clients.kube.kubeconfig, clients.kube.context)
     exists = helm_release.exists(helm, dep.release, dep.namespace)
     out, found = _rayjobs(custom, dep, exists)
     if exists:
@@ -156,19 +156,21 @@ def wait_gone(custom: Any, dep: Deployment, only_terminating: bool = False, agai
             raise _stuck(dep, still, exc.waited, again) from None
 
 
-def plan(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Removal:
-    """Everything `down` would do, found with reads only."""
+def plan(dep: Deployment, clients: Clients, *, uninstall: bool = True, with_prereqs: bool = False,
+         delete_data: bool = False) -> Removal:
+    """Everything `down` would do, found with reads only (``uninstall``: the cluster side; ``with_prereqs``:
+    the Google Cloud side, ``delete_data`` with it)."""
     out = Removal()
-    if args.uninstall:
+    if uninstall:
         try:
-            k8s = cluster.load_config(args.kubeconfig, args.kube_context)
+            custom = clients.kube.get_custom()
         except UserError as exc:
             raise UserError(f"{str(exc).rstrip('.')}; or pass --no-uninstall to leave the cluster alone.") from exc
-        out.extend(_cluster_side(args, dep, k8s.CustomObjectsApi()))
+        out.extend(_cluster_side(dep, clients, custom))
     else:
         out.kept.append(f"Helm release {dep.release} and its RayJob (--no-uninstall)")
-    if args.prereqs:
-        out.extend(teardown.plan(dep, clients, delete_data=args.delete_data))
+    if with_prereqs:
+        out.extend(teardown.plan(dep, clients, delete_data=delete_data))
         out.kept.append(f"Secret {dep.namespace}/{dep.hf_secret} (the Hugging Face token, possibly shared in the "
                         f"namespace: `kubectl -n {dep.namespace} delete secret {dep.hf_secret}` removes it)")
     else:
@@ -177,11 +179,13 @@ def plan(args: argparse.Namespace, dep: Deployment, clients: Clients) -> Removal
     return out
 
 
-def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Callable[[str], None]) -> int:
-    todo = plan(args, dep, clients)
+def run(dep: Deployment, clients: Clients, out: Callable[[str], None], *, dry_run: bool, uninstall: bool = True,
+        with_prereqs: bool = False, delete_data: bool = False) -> int:
+    """`down`: the plan printed (what it removes, keeps and finds gone), then, unless ``dry_run``, applied."""
+    todo = plan(dep, clients, uninstall=uninstall, with_prereqs=with_prereqs, delete_data=delete_data)
     out(f"Taking down release {dep.owner} (project {dep.project}):")
     for a in todo.actions:
-        out(f"  - {'would remove' if args.dry_run else 'remove'} {a.text}")
+        out(f"  - {'would remove' if dry_run else 'remove'} {a.text}")
     for k in todo.kept:
         out(f"  = keep {k}")
     for n in todo.absent:
@@ -189,8 +193,8 @@ def run(args: argparse.Namespace, dep: Deployment, clients: Clients, out: Callab
     if not todo.actions:
         out("Nothing to remove: everything of this release is already gone (or kept, as listed).")
         return 0
-    if args.dry_run:
-        out(f"Dry run: nothing changed ({len(todo.actions)} removal(s) planned).")
+    if dry_run:
+        out(plans.dry_run(len(todo.actions), what="removal"))
         return 0
     done = 0
     for a in todo.actions:

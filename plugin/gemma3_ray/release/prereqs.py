@@ -17,6 +17,7 @@ A release (namespace + release name) gets identities and grants of its own, leas
 checked". ``apply()`` re-checks each step as it goes (another run may have done it meanwhile) and
 edits IAM policies by read-modify-write with etags, retried on conflict and on IAM's 404 right after
 the service account was created. Each step is a :class:`Step`; ``steps()`` is the list to extend.
+``run()`` is the command (`prereqs`, and `up`'s prerequisites): the plan printed, then applied.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from google.api_core import exceptions as gexc
 
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.config.deployment import Deployment
-from gemma3_ray.gcp import bucket_setup, grants, iam_policy, services
+from gemma3_ray.gcp import bucket_setup, grants, iam_policy, iam_preflight, services
+from gemma3_ray.gcp.artifact_registry import RegistryPrereqs
 from gemma3_ray.utils import names
-from gemma3_ray.utils.errors import call_google
+from gemma3_ray.utils import plan as plans
+from gemma3_ray.utils.errors import NotLoggedIn, UserError, call_google
 from gemma3_ray.utils.plan import Action, Plan
 
 REQUIRED_SERVICES = (
@@ -52,6 +55,10 @@ PERMISSIONS = ("serviceusage.services.get", "serviceusage.services.enable", "sto
                "iam.serviceAccounts.setIamPolicy")
 # Only the project (or above) can grant these; the others may come from a grant on the bucket or the account.
 PROJECT_ONLY = ("serviceusage.services.enable", "storage.buckets.create", "iam.serviceAccounts.create")
+# `--image` adds the Artifact Registry repository: what that may call, and what only the project can grant.
+IMAGE_PERMISSIONS = ("artifactregistry.repositories.get", "artifactregistry.repositories.create",
+                     "artifactregistry.repositories.getIamPolicy", "artifactregistry.repositories.setIamPolicy")
+IMAGE_PROJECT_ONLY = ("artifactregistry.repositories.create",)
 SECRET_LABEL = "app.kubernetes.io/managed-by"
 _OWNER_RE = re.compile(r"release (?P<owner>[a-z0-9-]+/[a-z0-9-]+) \(created by")
 
@@ -265,13 +272,12 @@ class Prereqs:
     def _hf_secret(self, plan: Plan) -> None:
         if self.hf_token is None:
             return
-        if self.cluster_unread and self.clients.core_v1 is None:
+        if self.cluster_unread and self.clients.kube.core is None:
             plan.unread.append((f"create or update {self._secret_text()}", f"cluster not read: {self.cluster_unread}"))
             return
         from gemma3_ray.kube import cluster
 
-        core = self.clients.core_v1 or cluster.core_v1()
-        self.clients.core_v1 = core
+        core = self.clients.kube.get_core()
         where = f"Secret {self.dep.namespace}/{self.dep.hf_secret}"
         current = cluster.read_secret(core, self.dep.namespace, self.dep.hf_secret)
         wanted = base64.b64encode(self.hf_token.encode()).decode()
@@ -283,3 +289,63 @@ class Prereqs:
             f"{verb} {self._secret_text()}",
             lambda: cluster.put_secret(core, self.dep.namespace, self.dep.hf_secret, self.dep.hf_secret_key,
                                        self.hf_token or "", {SECRET_LABEL: names.PRODUCT})))
+
+
+def _cluster_unread(clients: Clients, *, needed: bool, planning: bool, use_kube_context: bool) -> str:
+    """The cluster's client for the HF Secret; a plan goes on without one and gets why ("" when connected)."""
+    if not needed or clients.kube.core is not None:
+        return ""
+    if planning and not use_kube_context:
+        return "--no-kube-context"
+    try:
+        clients.kube.get_core()
+    except UserError as exc:
+        if not planning:
+            raise
+        return str(exc).rstrip(".")
+    return ""
+
+
+def run(dep: Deployment, clients: Clients, *, dry_run: bool, hf_token: str | None, out: Callable[[str], None],
+        image: bool = False, apply_hint: str = "gemma3-ray prereqs --apply", use_kube_context: bool = True) -> int:
+    """Print the plan of this release's prerequisites (without credentials: what would be checked), and with
+    ``dry_run`` False apply it after the permission preflight."""
+    unread = _cluster_unread(clients, needed=hf_token is not None, planning=dry_run, use_kube_context=use_kube_context)
+    p = Prereqs(dep, clients, hf_token=hf_token, cluster_unread=unread)
+    header = f"Prerequisites of release {dep.owner} in project {dep.project}, region {dep.region}:"
+    try:
+        plan = p.plan()
+        if image:  # the Artifact Registry repository and build staging bucket `image build` needs
+            RegistryPrereqs(dep, clients).extend(plan)
+    except NotLoggedIn:
+        if not dry_run:
+            raise
+        out(header)
+        offline = p.offline_plan()
+        if image:
+            registry = Plan()
+            RegistryPrereqs(dep, clients).offline(registry)
+            offline.unchecked += [a.text.removesuffix(" [not checked: not logged in]") for a in registry.actions]
+        for line in offline.lines():
+            out(line)
+        out("Not logged in: nothing in Google Cloud was read or changed. To see what exists and what would change, run "
+            "`gcloud auth application-default login` and this command again.")
+        return 0
+    out(header)
+    for line in plan.lines():
+        out(line)
+    if not plan.actions:
+        out("Nothing to do: every prerequisite is in place.")
+        return 0
+    pre = iam_preflight.check(clients, dep.project, PERMISSIONS + (IMAGE_PERMISSIONS if image else ()))
+    out(f"  {pre.mark} {pre.line()}")
+    if not dry_run:
+        pre.require(dep.project, only=PROJECT_ONLY + (IMAGE_PROJECT_ONLY if image else ()))
+    if dry_run:
+        out(plans.dry_run(len(plan.actions), apply=apply_hint, alternative="`make prereqs APPLY=1`"
+                          if apply_hint.startswith("gemma3-ray prereqs") else ""))
+        return 0
+    out("Applying:")
+    p.apply(plan, out)
+    out(f"Done: {len(plan.actions)} change(s) applied.")
+    return 0

@@ -11,7 +11,6 @@ Runs live under ``<storage_path>/runs/<run_name>/`` (the run-identity contract):
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Callable
@@ -112,19 +111,32 @@ def storage_of(rayjob: dict[str, Any]) -> tuple[str, str] | None:
     return (m["bucket"], m["prefix"].strip("/")) if m else None
 
 
-def lines(args: argparse.Namespace, dep: Deployment, clients: Clients) -> list[str]:
+def deleting_lines(custom: Any, namespace: str, release: str) -> list[str]:
+    """The release's RayJobs being deleted (an upgrade just replaced one: KubeRay stops its Ray job first). Helm
+    refuses to roll back to such a revision ("original object RayJob ... not found") until it is gone."""
+    items = custom.list_namespaced_custom_object(cluster.RAY_GROUP, cluster.RAY_VERSION, namespace,
+                                                 cluster.RAYJOB_PLURAL,
+                                                 label_selector=f"{cluster.INSTANCE_LABEL}={release}").get("items", [])
+    return [f"RayJob {namespace}/{o['metadata']['name']} is being deleted (KubeRay stops its Ray job first): to roll "
+            f"back to its revision, wait until it is gone: kubectl -n {namespace} wait "
+            f"rayjob/{o['metadata']['name']} --for=delete --timeout=300s"
+            for o in sorted(items, key=lambda o: o["metadata"]["name"]) if o["metadata"].get("deletionTimestamp")]
+
+
+def lines(dep: Deployment, clients: Clients) -> list[str]:
     out: list[str] = []
     state: list[cluster.RayJobState] = []
 
     def rayjob() -> list[str]:
         nonlocal dep
-        k8s = cluster.load_config(args.kubeconfig, args.kube_context)
-        obj = cluster.find_rayjob(k8s.CustomObjectsApi(), dep.namespace, dep.release)
+        custom = clients.kube.get_custom()
+        obj = cluster.find_rayjob(custom, dep.namespace, dep.release)
         s = cluster.rayjob_state(obj)
         state.append(s)
         found = [f"RayJob {dep.namespace}/{s.name}: deployment {s.deployment_status}, job {s.job_status}"
                  + (f" ({s.message})" if s.message else "")]
-        found += kueue_check.status_lines(k8s.CustomObjectsApi(), obj)
+        found += kueue_check.status_lines(custom, obj)
+        found += deleting_lines(custom, dep.namespace, dep.release)
         live = storage_of(obj)
         given = {"bucket", "prefix"} & set(dep.sources.flags)
         if live and not given and live != (dep.bucket, dep.prefix):
@@ -136,8 +148,7 @@ def lines(args: argparse.Namespace, dep: Deployment, clients: Clients) -> list[s
         if not state:
             return ["Ray dashboard: unknown (no RayJob to ask about)"]
         s = state[0]
-        k8s = cluster.load_config(args.kubeconfig, args.kube_context)
-        dash = cluster.dashboard_job(k8s.CoreV1Api(), dep.namespace, s.ray_cluster, s.job_id)
+        dash = cluster.dashboard_job(clients.kube.get_core(), dep.namespace, s.ray_cluster, s.job_id)
         if dash:
             return [f"Ray dashboard: job {s.job_id} {dash.get('status', '?')} {dash.get('message') or ''}".rstrip()]
         return ["Ray dashboard: not reachable (the cluster is not up, or it was deleted after the job)"]

@@ -7,7 +7,6 @@ hint keeps the token out of the command line and the shell history (``read -rs``
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import os
 import re
@@ -125,22 +124,11 @@ def _from_file(path: str) -> str:
     return token
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """--hf-token-from-env VAR | --hf-token-file PATH|- (the Secret is created from either)."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--hf-token-from-env", metavar="VAR",
-                   help="create the Hugging Face token Secret from environment variable VAR (its name, never the token)")
-    g.add_argument("--hf-token-file", metavar="PATH",
-                   help="create the Hugging Face token Secret from the file PATH, or '-' for stdin "
-                   "(prompts without echo on a terminal)")
-
-
-def from_args(args: argparse.Namespace) -> str | None:
-    """The token named by the flags, or None when neither was given."""
-    var = getattr(args, "hf_token_from_env", None)
-    if var:
-        return _from_env(var)
-    path = getattr(args, "hf_token_file", None)
-    if path:
-        return _from_file(path)
+def read(from_env: str | None = None, from_file: str | None = None) -> str | None:
+    """The token from the variable named ``from_env`` (--hf-token-from-env VAR) or the file ``from_file``
+    (--hf-token-file PATH, ``-`` for stdin); None when neither was given."""
+    if from_env:
+        return _from_env(from_env)
+    if from_file:
+        return _from_file(from_file)
     return None

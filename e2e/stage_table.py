@@ -1,0 +1,278 @@
+"""Every stage of `make e2e` as data: its name, group, the claim it proves, its precondition and its function.
+
+One row per stage, in the order they run. The claim is the sentence the chart README's lifecycle table
+cites (tests/e2e/test_stage_table.py holds the two equal; `python -m e2e.stage_table` prints the table).
+A stage's function takes the Harness and returns what it saw; it raises StageError when its claim is
+false. Adding a stage is one row here and one function.
+
+Preconditions: `needs` names stages that must have passed in this run (a rollback needs the upgrade it
+rolls back from); `requires` names what the cluster must offer, which a preflight records in
+Harness.missing with the reason ("kueue": Kueue's CRDs are not served). A stage whose precondition is
+unmet, that --only/--skip leave out, or that no longer fits before E2E_DEADLINE gets a row "not run"
+with the reason; after a failure the rest are "not run" too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from e2e.kube import StageError
+from e2e.stages import PASS, Record
+
+SETUP, FIRST, CT, DAY2 = "setup", "first", "ct", "day2"
+GROUPS = (SETUP, FIRST, CT, DAY2)
+DEFAULT_ONLY = f"{FIRST},{CT}"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    group: str
+    claim: str  # what the stage proves when it passes: the sentence the chart README cites
+    fn: Callable[[Any], str] | None  # None: run by e2e/__main__.py before the others (the setup group)
+    needs: tuple[str, ...] = ()  # stages that must have passed in this run
+    requires: tuple[str, ...] = ()  # what the cluster must offer (Harness.missing names what it lacks)
+    typical_s: int = 0  # measured here (2 cores): a stage is left out when less time than this is left
+
+
+def _f(module: str, name: str) -> Callable[[Any], str]:
+    """The stage function module.name, imported when the stage runs (the table imports nothing heavy)."""
+    def call(h: Any) -> str:
+        import importlib
+
+        return getattr(importlib.import_module(f"e2e.{module}"), name)(h)
+    call.__qualname__ = call.__name__ = f"{module}.{name}"
+    return call
+
+
+FIRST_RUN = ("install", "RayJob SUCCEEDED")
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec("cluster start", SETUP, "e2e/cluster.sh starts a one-node Kubernetes of real parts with the KubeRay "
+              "operator and Kueue.", None, typical_s=60),
+    StageSpec("images", SETUP, "e2e/image.sh builds the head and training images (images/trainer/Dockerfile).",
+              None, typical_s=900),
+    StageSpec("storage and inputs", SETUP, "The storage emulator serves the tiny Gemma 3 and the sample data to "
+              "the pods.", None, typical_s=30),
+    # ------------------------------------------------------------------------------------------ first
+    StageSpec("install", FIRST, "`helm install` with values/e2e.yaml creates the release's RayJob `<r>-r1` and "
+              "its run.", _f("first_run", "install"), typical_s=10),
+    StageSpec("RayJob SUCCEEDED", FIRST, "The RayJob reaches SUCCEEDED through the real KubeRay operator.",
+              _f("first_run", "succeeded"), needs=("install",), typical_s=120),
+    StageSpec("helm test", FIRST, "`helm test` as NOTES print it passes against the job's live head.",
+              _f("first_run", "helm_test"), needs=("install",), typical_s=20),
+    StageSpec("NOTES commands", FIRST, "Every command NOTES print ran as printed and showed what it promises "
+              "(`-w`: the RayJob's row; `logs -f`: the run's name; port-forward on a free local port: that "
+              "cluster's dashboard and Ray version; `gcloud storage ls`: the run's files), or is run by the stage "
+              "named, or is listed as not run with why.", _f("first_run", "notes_commands"),
+              needs=("install", "helm test"), typical_s=30),
+    StageSpec("NOTES: finalizer line", FIRST, "The NOTES line that removes the RayJob's finalizer frees a RayJob "
+              "held terminating after `helm uninstall` (on a release made for it).",
+              _f("first_run", "finalizer_line"), typical_s=30),
+    StageSpec("outputs in the bucket", FIRST, "The run's adapter, metrics.jsonl, summary.json (all planned steps) "
+              "and report.html are in the bucket.", _f("first_run", "check_outputs"), needs=FIRST_RUN, typical_s=2),
+    StageSpec("gemma3-ray status/logs", FIRST, "`gemma3-ray status` shows the RayJob SUCCEEDED and `gemma3-ray "
+              "logs` the run's name.", _f("first_run", "plugin_shows"), needs=FIRST_RUN, typical_s=10),
+    # ------------------------------------------------------------------------------------------ ct
+    StageSpec("ct lint", CT, "`ct lint` passes with ct.yaml and every ci/ values file.",
+              _f("chart_testing", "ct_lint"), typical_s=30),
+    StageSpec("ct install", CT, "`ct install` installs the chart with the ci/ values a CPU node runs, `helm test` "
+              "passes, and it uninstalls.", _f("chart_testing", "ct_install"), typical_s=90),
+    # ------------------------------------------------------------------------------------------ day2
+    StageSpec("upgrade", DAY2, "NOTES' `helm upgrade … --reuse-values --set training.learning_rate=…` makes RayJob "
+              "`<r>-r2`, a new run with the new rate; `<r>-r1`, its RayCluster and pods are gone.",
+              _f("day_two", "upgrade"), needs=FIRST_RUN, typical_s=120),
+    StageSpec("rollback", DAY2, "NOTES' `helm rollback <r> <revision>` to revision 1 re-applies RayJob `<r>-r1`, "
+              "which resumes the first run (finished: nothing trained again).", _f("day_two", "rollback"),
+              needs=(*FIRST_RUN, "upgrade"), typical_s=40),
+    StageSpec("upgrade + rollback at once", DAY2, "A `helm upgrade` while the job runs, rolled back at once: the "
+              "rollback works, or Helm refuses it while the previous RayJob is being deleted, `gemma3-ray status` "
+              "says to wait until it is gone, and after that wait the rollback works; the rolled-back RayJob "
+              "resumes its run from a checkpoint and SUCCEEDS.", _f("day_two", "quick_rollback"),
+              needs=("install",), typical_s=300),
+    StageSpec("uninstall", DAY2, "NOTES' `helm uninstall` leaves nothing of the release (RayJob, RayCluster, pods, "
+              "Services, ConfigMaps, Secret, ServiceAccount) within 120 s.", _f("day_two", "uninstall"),
+              needs=("install",), typical_s=40),
+    StageSpec("reinstall + lost worker", DAY2, "A reinstall is a fresh run; a worker pod deleted mid-training is "
+              "replaced and the run resumes from a checkpoint (0 < resumed_from_step < max_steps) to SUCCEEDED, "
+              "with a loss record at every logging step.", _f("day_two", "lost_worker"), needs=("uninstall",),
+              typical_s=170),
+    StageSpec("lost head", DAY2, "With rayJob.backoffLimit=1, a head pod deleted mid-training fails the attempt "
+              "(status.failed >= 1); KubeRay retries on a new cluster, which resumes the run from a checkpoint "
+              "to SUCCEEDED.", _f("day_two", "lost_head"), needs=("install",), typical_s=220),
+    StageSpec("elastic", DAY2, "With training.min_workers=1, a worker lost on a cordoned node leaves its "
+              "replacement Pending and the run finishes on fewer workers with the same global batch.",
+              _f("day_two", "elastic"), needs=("install",), requires=("cordonable node",), typical_s=240),
+    StageSpec("kueue setup", DAY2, "`gemma3-ray kueue setup --apply` makes a ClusterQueue with quota for exactly "
+              "one job, the LocalQueue and the WorkloadPriorityClass the values name.",
+              _f("shared_cluster", "kueue_setup"), requires=("kueue",), typical_s=5),
+    StageSpec("kueue: A admitted", DAY2, "Release A with values/shared-cluster.yaml in a namespace enforcing "
+              "`restricted` is admitted by Kueue and its pods are created.", _f("shared_cluster", "a_admitted"),
+              needs=("kueue setup",), requires=("kueue",), typical_s=60),
+    StageSpec("restricted pods", DAY2, "Every container of A's cluster runs with a read-only root filesystem, "
+              "non-root, without privilege escalation.", _f("shared_cluster", "restricted_pods"),
+              needs=("kueue: A admitted",), requires=("kueue",), typical_s=5),
+    StageSpec("kueue: B waits", DAY2, "Release B in the same queue waits for quota, with Kueue's own reason in "
+              "`gemma3-ray status`.", _f("shared_cluster", "b_waits"), needs=("kueue: A admitted",),
+              requires=("kueue",), typical_s=20),
+    StageSpec("kueue: A SUCCEEDED", DAY2, "A's RayJob SUCCEEDED.", _f("shared_cluster", "a_succeeded"),
+              needs=("kueue: A admitted",), requires=("kueue",), typical_s=100),
+    StageSpec("kueue: B admitted after A", DAY2, "B is admitted once A's quota is free and SUCCEEDS on all its "
+              "workers.", _f("shared_cluster", "b_after_a"), needs=("kueue: B waits",), requires=("kueue",),
+              typical_s=120),
+    StageSpec("kueue: second team", DAY2, "`kueue setup` for a second namespace exits 0 and makes that team its "
+              "own ClusterQueue, leaving the first team's as it was.", _f("shared_cluster", "second_team"),
+              needs=("kueue setup",), requires=("kueue",), typical_s=5),
+    StageSpec("deletion rules", DAY2, "With rayJob.deletion (KubeRay >= 1.6: workers at once, the cluster after 60 s) "
+              "the RayJob SUCCEEDS, its worker pods go while the head stays, the head goes no sooner than 60 s after "
+              "the job's end, then no RayCluster and no pod is left and the RayJob stays.",
+              _f("kuberay_stages", "deletion_rules"), requires=("KubeRay >= 1.6",), typical_s=240),
+    StageSpec("capacity fallback", DAY2, "With capacity.type=fallback [reservation, flex-start], `kueue setup` "
+              "makes the two flavors in that order; release A is admitted on the reservation flavor, B, with A "
+              "holding its quota, on flex-start, each head pod carrying its flavor's GKE node labels, and "
+              "`gemma3-ray status` names B's flavor.", _f("kuberay_stages", "fallback"), requires=("kueue",),
+              typical_s=120),
+)
+
+
+class SelectionError(ValueError):
+    """--only/--skip name something the table has not, or leave a stage without what it needs."""
+
+
+def by_name(table: tuple[StageSpec, ...] = STAGES) -> dict[str, StageSpec]:
+    return {s.name: s for s in table}
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def select(only: str, skip: str, table: tuple[StageSpec, ...] = STAGES) -> dict[str, str]:
+    """The reason each stage will not run ('' for those that will) from --only and --skip, which name groups or
+    stages; anything else is refused with one sentence listing the valid names."""
+    groups = [g for g in GROUPS if g != SETUP]
+    stages = [s.name for s in table if s.group != SETUP]
+
+    def expand(flag: str, text: str) -> set[str]:
+        unknown = [n for n in _names(text) if n not in groups and n not in stages]
+        if unknown:
+            raise SelectionError(f"{flag}: {', '.join(repr(u) for u in unknown)} is neither a group nor a stage; "
+                                 f"groups: {', '.join(groups)}; stages: {', '.join(stages)}")
+        return {s.name for s in table if s.group != SETUP and (s.name in _names(text) or s.group in _names(text))}
+
+    only_set, skip_set = expand("--only", only or DEFAULT_ONLY), expand("--skip", skip)
+    reasons: dict[str, str] = {}
+    for s in table:
+        if s.group == SETUP:
+            reasons[s.name] = ""
+        elif s.name in skip_set:
+            reasons[s.name] = "skipped (--skip)"
+        elif s.name not in only_set:
+            reasons[s.name] = f"not selected (--only {only or DEFAULT_ONLY})"
+        else:
+            reasons[s.name] = ""
+    for s in table:
+        if reasons[s.name]:
+            continue
+        lacking = [n for n in s.needs if n not in only_set and n not in skip_set]
+        if lacking:
+            group = by_name(table)[lacking[0]].group
+            raise SelectionError(f"--only: stage {s.name!r} needs {', '.join(repr(n) for n in lacking)} (group "
+                                 f"{group}), which --only leaves out: add {group} (for example --only {group},"
+                                 f"{s.group})")
+    return reasons
+
+
+def precondition(spec: StageSpec, record: Record, missing: dict[str, str]) -> str:
+    """Why the stage cannot run now ('' when it can): a needed stage did not pass, or the cluster lacks something."""
+    for what in spec.requires:
+        if missing.get(what):
+            return f"precondition unmet: the cluster has no {what} ({missing[what]})"
+    for need in spec.needs:
+        if record.result(need) != PASS:
+            row = record.row(need)
+            how = f"{row.result}: {row.detail.splitlines()[0][:120]}" if row and row.detail else (
+                row.result if row else "no row")
+            return f"precondition unmet: needs stage {need!r} to pass ({how})"
+    return ""
+
+
+def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | None = None,
+        table: tuple[StageSpec, ...] = STAGES, clock: Callable[[], float] = time.time) -> None:
+    """Run the selected stages of the table in order, each in a row of the record; a StageError stops the run
+    (the rest are 'not run'). Setup rows (fn None) are the entry point's."""
+    missing = getattr(h, "missing", {}) or {}
+    for spec in table:
+        if spec.fn is None:
+            continue
+        kw = {"group": spec.group, "claim": spec.claim}
+        why = reasons.get(spec.name, "") or precondition(spec, record, missing)
+        if not why and deadline is not None and clock() + spec.typical_s > deadline:
+            why = f"time: about {spec.typical_s} s needed, {max(0, deadline - clock()):.0f} s left before E2E_DEADLINE"
+        if why:
+            record.not_run(spec.name, why, **kw)
+            continue
+        with record.stage(spec.name, **kw) as st:
+            st.detail = spec.fn(h) or ""
+
+
+def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES, reasons: dict[str, str] | None = None) -> None:
+    """A 'not run' row for every stage of the table that has none (after a failure or ^C): its own reason from
+    --only/--skip when it has one, else `why`."""
+    for s in table:
+        record.not_run(s.name, (reasons or {}).get(s.name) or why, group=s.group, claim=s.claim)
+    specs = by_name(table)
+    for row in record.stages:  # the setup rows come from the entry point: give them their group and claim
+        if row.name in specs and not row.claim:
+            row.group, row.claim = specs[row.name].group, specs[row.name].claim
+    settle_notes(record)
+
+
+def settle_notes(record: Record) -> None:
+    """Each NOTES line left to another stage: 'ran' when that stage passed, else 'not run' with that stage's row."""
+    for entry in record.facts.get("notes_commands", []):
+        stage = entry.get("stage")
+        if not stage:
+            continue
+        row = record.row(stage)
+        if row and row.result == PASS:
+            entry["result"] = f"ran (stage {stage!r} passed)"
+            entry.pop("why", None)
+        else:
+            entry["result"] = "not run"
+            entry["why"] = f"stage {stage!r} " + (f"{row.result}: {row.detail.splitlines()[0][:160]}" if row and
+                                                  row.detail else "did not run")
+
+
+def stop_reason(record: Record, interrupted: bool, error: str = "") -> str:
+    """Why the stages without a row did not run: ^C, the stage that failed, or the error that stopped the run."""
+    if interrupted:
+        return "interrupted"
+    failed = record.failed
+    if failed:
+        return f"stopped: stage {failed[0]!r} failed"
+    return f"stopped: {error.splitlines()[0][:200]}" if error else "stopped before it"
+
+
+def lifecycle_table(table: tuple[StageSpec, ...] = STAGES) -> str:
+    """The chart README's table of what `make e2e` proves: generated from STAGES (a test holds them equal)."""
+    rows = ["| stage | group | what it proves |", "|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.group} | {s.claim} |" for s in table]
+    return "\n".join(rows)
+
+
+def deadline_from_env(value: str | None) -> float | None:
+    """E2E_DEADLINE: a Unix time (seconds) by which the last stage must end; stages that do not fit are not run."""
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise StageError(f"E2E_DEADLINE={value!r}: give a Unix time in seconds (for example "
+                         "E2E_DEADLINE=$(( $(date +%s) + 80*60 )))") from None
+
+
+if __name__ == "__main__":
+    print(lifecycle_table())

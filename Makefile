@@ -96,8 +96,9 @@ prereqs: venv  ## plan the GCP prerequisites (nothing changed); APPLY=1 creates 
 helm-plugin: tools  ## install the Helm plugin as `helm gemma3-ray` (Helm 3 and 4, honours HELM_PLUGINS)
 	scripts/install-helm-plugin.sh
 
-bench:  ## on the GPU machine: every speed row, the Ray job's steady state, the comparison table (bench/RESULTS.md)
-	bash bench/speed_call.sh
+GROUP ?= headline
+bench:  ## on the GPU machine: one group of bench/scenarios.toml (GROUP=headline|workloads|kernels), checked (bench/README.md)
+	python3 -m bench.call $(GROUP)
 
 clean:  ## remove local installs and caches
 	rm -rf $(VENV) $(CHECKOV_VENV) $(TOOLS) .cache .pytest_cache

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The comparison table of one bench call (bench/device.sh's results.jsonl), and bench/RESULTS.md from it.
+"""The comparison table of one bench call (bench/call.py's results file), its check against the expectations
+of bench/scenarios.toml, and bench/RESULTS.md from it.
 
-    python3 bench/report.py RESULTS.jsonl                      # print the table
-    python3 bench/report.py RESULTS.jsonl --write bench/RESULTS.md [--kernels K.json] [--e2e E2E.log]
+    python3 -m bench.report bench/results/CALL.jsonl            # the table and the check (exit 1: out of range)
+    python3 -m bench.report bench/results/CALL.jsonl --write bench/RESULTS.md
 
 `--write` replaces only the speed section (between the `speed:begin`/`speed:end` markers; at the top
 when the file has none) and keeps every other section of the file as it is.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 BEGIN, END = "<!-- speed:begin (bench/report.py writes this section) -->", "<!-- speed:end -->"
-TUTORIAL, PLAIN = "tutorial", "plain_trl"
+TUTORIAL, PLAIN, UNSLOTH = "tutorial", "plain_trl", "unsloth"
 DEFAULT, FREEZE = "default", "freeze_vision_3ep"
 
 
@@ -25,7 +26,9 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            rows[r["name"]] = r
+            if r.get("kind", "row") != "row":
+                continue  # kernel checks, summaries, metrics: checked or cited, not tabled
+            rows[r.get("scenario") or r["name"]] = r
     return rows
 
 
@@ -40,10 +43,12 @@ def fmt(v: float | None, nd: int = 2) -> str:
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
-    tut, plain = sps(rows.get(TUTORIAL)), sps(rows.get(PLAIN))
-    out = ["| row | micro-batch × accumulation | samples/s | × tutorial | × plain TRL | MFU | peak GiB (reserved) "
-           "| step s (min–max) |", "|---|---|---|---|---|---|---|---|"]
+    tut, plain, uns = sps(rows.get(TUTORIAL)), sps(rows.get(PLAIN)), sps(rows.get(UNSLOTH))
+    out = ["| row | micro-batch × accumulation | samples/s | × tutorial | × plain TRL | × Unsloth | MFU "
+           "| peak GiB (reserved) | step s (min–max) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
+        if r.get("run") in ("data", "job_start", "kernels"):
+            continue
         f = r.get("flags", {})
         micro = f.get("per_device_train_batch_size", "?")
         # results recorded before --global_batch_size name the accumulation; newer ones the global batch
@@ -51,17 +56,21 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
             int(f["global_batch_size"]) // int(micro) if "global_batch_size" in f and micro != "?" else "?")
         mb = f"{micro} × {accum}"
         if not r.get("ok"):
-            out.append(f"| `{name}` | {mb} | failed: {r.get('error', '?')[:120]} | | | | "
+            out.append(f"| `{name}` | {mb} | failed: {r.get('error', '?')[:120]} | | | | | "
                        f"{fmt(r.get('peak_alloc_gib'), 1)} | |")
             continue
-        s = r["samples_per_s"]
+        s = r.get("samples_per_s")
         if r.get("workload"):
-            s = r["workload"]["samples_per_s"]
+            s = r["workload"].get("samples_per_s", s)
+        if s is None:
+            continue
         xt = s / tut if tut else None
         xp = s / plain if plain else None
+        xu = s / uns if uns and not r.get("workload") else None
         mfu = r.get("mfu")
         out.append(
-            f"| `{name}` | {mb} | {fmt(s)} | {fmt(xt, 1)} | {fmt(xp, 2)} | {fmt(mfu * 100 if mfu else None, 1)}% | "
+            f"| `{name}` | {mb} | {fmt(s)} | {fmt(xt, 1)} | {fmt(xp, 2)} | {fmt(xu, 2)} | "
+            f"{fmt(mfu * 100 if mfu else None, 1)}% | "
             f"{fmt(r.get('peak_reserved_gib'), 1)} | {fmt(r.get('step_s_mean'))} "
             f"({fmt(r.get('step_s_min'))}–{fmt(r.get('step_s_max'))}) |")
     return "\n".join(out)
@@ -86,7 +95,9 @@ ROW_TEXT = {
     TUTORIAL: "the tutorial's recipe: 4-bit NF4, eager, checkpointing, 1 × 4, embeddings trained",
     PLAIN: "plain TRL + PEFT as a careful user writes it: bf16, sdpa, no Liger, fp32 adapters, no loader workers",
     "round1": "the fast recipe as round 1 left it (Liger, bf16 adapters, loader workers; PEFT's LoRA layer)",
-    DEFAULT: "**default** (`--recipe=fast`): round 1 + fused LoRA layers, which make micro-batch 16 fit",
+    DEFAULT: "**default** (`--recipe=fast`): fused LoRA layers at micro-batch 16, cuDNN LM attention, the lean step, "
+             "SigLIP attention by the device (FA4 where installed)",
+    UNSLOTH: "Unsloth's own path (`FastVisionModel`, its collator) on the same rows, LoRA set and global batch",
     FREEZE: "**`freeze_vision`**, LoRA on the language model, image features reused: the tutorial's 3 epochs",
 }
 
@@ -111,17 +122,42 @@ def phases(rows: dict[str, dict[str, Any]], names: list[str]) -> str:
     return "\n".join(out)
 
 
-def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | None) -> str:
-    tut, plain, dflt = sps(rows.get(TUTORIAL)), sps(rows.get(PLAIN)), sps(rows.get(DEFAULT))
-    fv = rows.get(FREEZE, {}).get("workload") or {}
-    v = next(iter(rows.values())).get("versions", {})
+def ratio(a: float | None, b: float | None, nd: int = 2) -> str:
+    return f"{a / b:.{nd}f}×" if a and b else "—"
+
+
+def headline(rows: dict[str, dict[str, Any]], source: str, others: dict[str, dict[str, Any]] | None = None,
+             others_source: str = "") -> list[str]:
+    """RESULTS.md's first lines: the default's ratios from one call, then freeze_vision and the job start."""
+    tut, plain, uns, dflt = (sps(rows.get(n)) for n in (TUTORIAL, PLAIN, UNSLOTH, DEFAULT))
+    uv = (rows.get(UNSLOTH) or {}).get("versions", {}).get("unsloth", "?")
+    lines = [f"default: {fmt(dflt)} samples/s, {ratio(dflt, tut, 1)} the tutorial recipe, {ratio(dflt, plain)} plain TRL, "
+             f"{ratio(dflt, uns)} Unsloth {uv} ({fmt(uns)}), one call: `{source}`"]
+    both = {**(others or {}), **rows}
+    fv = (both.get(FREEZE) or {}).get("workload") or {}
+    where = others_source if others and FREEZE in others else source
+    if fv:
+        lines.append(f"freeze_vision: the tutorial's 3 epochs in {fv.get('train_wall_s', float('nan')):.1f} s "
+                     f"(`{where}`)")
+    js = both.get("job_start") or {}
+    if js.get("ok"):
+        lines.append(f"job start: {js['job_start_s']:.1f} s from submission to the end of the first optimizer step "
+                     f"(`{others_source if others and 'job_start' in others else source}`)")
+    return lines
+
+
+def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | None,
+            others: dict[str, dict[str, Any]] | None = None, others_source: str = "") -> str:
+    fv = ((others or {}).get(FREEZE) or rows.get(FREEZE) or {}).get("workload") or {}
+    v = next((r["versions"] for r in rows.values() if r.get("versions", {}).get("torch")), {})
+    calls = sorted({r.get("call") for r in rows.values() if r.get("call")})
     head = [
-        f"default: {dflt / tut:.1f}× the tutorial recipe, {dflt / plain:.2f}× plain TRL (same call)",
-        f"freeze_vision: the tutorial's 3 epochs in {fv.get('train_wall_s', float('nan')):.1f} s",
+        *headline(rows, source, others, others_source),
         "",
         "# Training speed: the trainer's own path on one H200 (Gemma 3 4B, random weights)",
         "",
-        f"Generated by `bench/report.py` from `{source}` (one `run` call, `bench/speed_call.sh`, 2026-12-01, "
+        f"Generated by `bench/report.py` from `{source}` (one `run` call, `python3 -m bench.call`, "
+        f"{', '.join(calls) or 'call not recorded'}, "
         f"{v.get('gpu', '?')}; torch {v.get('torch')}, transformers {v.get('transformers')}, peft {v.get('peft')}, "
         f"trl {v.get('trl')}, liger-kernel {v.get('liger-kernel')}, bitsandbytes {v.get('bitsandbytes')}). "
         "`bench/bench.py` drives the trainer's own path (flags, recipes, parquet rows decoded by its collator, "
@@ -130,8 +166,8 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
         "synthetic. Every row trains at the tutorial's global batch 64 (micro-batch × accumulation on one GPU) "
         "with LoRA r16 / α16 / dropout 0.05 on all linear layers, except the tutorial row (its own 1 × 4) and "
         "`freeze_vision` (LoRA on the language model). Timing: synchronised wall time of each optimizer step "
-        "after 1 warm-up step, 3 timed steps, then 1 step with per-phase hooks (excluded); the `freeze_vision` "
-        "row is `trainer.train()`'s wall time over 3 epochs of 1,345 rows.",
+        "after the warm-up steps (the scenario's options in bench/scenarios.toml; a profiled step after them is "
+        "excluded); the `freeze_vision` row is `trainer.train()`'s wall time over 3 epochs of 1,345 rows.",
         "",
         table(rows),
         "",
@@ -150,10 +186,9 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
         "under 110 GiB (an earlier call of the same code, `round2-call3-h200.jsonl`, saw 108.5). On an 80 GB "
         "H100 set `per_device_train_batch_size=8`.",
         "",
-        "## Where the time goes (per optimizer step of 64 samples, from the phase-hook step)",
-        "",
-        phases(rows, [n for n in (PLAIN, "round1", DEFAULT) if n in rows]),
-        "",
+        *(["## Where the time goes (per optimizer step of 64 samples, from the phase-hook step)", "",
+           phases(rows, timed), ""] if (timed := [n for n in (PLAIN, "round1", DEFAULT)
+                                                   if n in rows and rows[n].get("phase_s_per_step")]) else []),
         "## Loss on the same batches (same seed and data order; dropout masks differ)",
         "",
         "The fused layer keeps PEFT's semantics; per-step training loss over the same 64-sample batches:",
@@ -162,8 +197,9 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
         "",
     ]
     if fv:
-        cache = rows[FREEZE].get("levers", {}).get("image_feature_cache", {})
-        st = rows[FREEZE].get("step_s", [])
+        frow = (others or {}).get(FREEZE) or rows[FREEZE]
+        cache = frow.get("levers", {}).get("image_feature_cache", {})
+        st = frow.get("step_s", [])
         per_epoch = fv["optimizer_steps"] // 3
         e1, rest = st[:per_epoch - 2], st[per_epoch:-1]
         head += [
@@ -184,7 +220,7 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
     return "\n".join(head)
 
 
-HEADLINE_PREFIXES = ("default: ", "freeze_vision: ")
+HEADLINE_PREFIXES = ("default: ", "freeze_vision: ", "job start: ", "Default: ")
 
 
 def write(path: Path, text: str) -> None:
@@ -205,23 +241,104 @@ def write(path: Path, text: str) -> None:
     path.write_text(headline + "\n\n" + new)
 
 
+def metric_value(r: dict[str, Any], metric: str) -> float | None:
+    if metric == "train_wall_s":
+        return (r.get("workload") or {}).get("train_wall_s")
+    v = r.get(metric)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def check(path: Path, scenarios: list | None = None) -> list[dict[str, Any]]:
+    """Each scenario the results file holds, judged against its row of bench/scenarios.toml: its value, the
+    expected range and where it came from, `in range` / `below` / `above` / `failed`, and the issue's target."""
+    if scenarios is None:
+        from bench import call
+
+        scenarios = call.load()
+    by_name = {s.name: s for s in scenarios}
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    out = []
+    for name in dict.fromkeys(r.get("scenario") for r in lines if r.get("scenario")):
+        s = by_name.get(name)
+        mine = [r for r in lines if r.get("scenario") == name]
+        verdict: dict[str, Any] = {"scenario": name, "value": None, "status": "", "expect": None, "source": "",
+                                   "target": "", "target_status": ""}
+        if s is None:
+            verdict["status"] = "not in bench/scenarios.toml"
+            out.append(verdict)
+            continue
+        verdict.update(expect=s.expect, source=s.source, target=s.target)
+        failed = [r for r in mine if not r.get("ok")]
+        if s.run == "kernels":
+            verdict["status"] = "failed: " + "; ".join(
+                f"{r.get('check', '?')}/{r.get('kernel', '')}: {str(r.get('error', ''))[:80]}" for r in failed
+            ) if failed else "ok"
+            out.append(verdict)
+            continue
+        r = mine[-1]
+        if not r.get("ok"):
+            verdict["status"] = f"failed: {str(r.get('error', '?'))[:160]}"
+            out.append(verdict)
+            continue
+        value = metric_value(r, s.metric) if s.metric else None
+        verdict["value"] = value
+        if s.expect is None or value is None:
+            verdict["status"] = "ok" if value is None else "ok (no expected range)"
+        elif value < s.expect[0]:
+            verdict["status"] = "below the expected range"
+        elif value > s.expect[1]:
+            verdict["status"] = "above the expected range"
+        else:
+            verdict["status"] = "in range"
+        parts = s.target_parts()
+        if parts and value is not None:
+            op, bar = parts
+            met = value >= bar if op == ">=" else value <= bar
+            verdict["target_status"] = ("met" if met else
+                                        f"missed by {abs(value - bar):.2f} ({abs(value - bar) / bar:.0%})") + f" ({s.issue})"
+        out.append(verdict)
+    return out
+
+
+def print_check(path: Path, scenarios: list | None = None) -> bool:
+    """The table and the check; True when every scenario ran and landed in its expected range."""
+    rows = load(path)
+    if any(r.get("run") not in ("data", "job_start", "kernels") for r in rows.values()):
+        print(table(rows))
+    ok = True
+    for v in check(path, scenarios):
+        value = "—" if v["value"] is None else f"{v['value']:.3g}"
+        rng = f" expected {v['expect'][0]:g}–{v['expect'][1]:g}" if v["expect"] else ""
+        tgt = f"; target {v['target']}: {v['target_status']}" if v["target"] else ""
+        print(f"[check] {v['scenario']}: {value}{rng}: {v['status']}{tgt}")
+        ok &= v["status"] in ("in range", "ok", "ok (no expected range)")
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
+    parser.add_argument("--with", dest="others", type=Path, default=None,
+                        help="a second call's results (freeze_vision, the job start) for the headline")
     parser.add_argument("--write", type=Path, default=None)
     parser.add_argument("--e2e", type=Path, default=None, help="the Ray job's metrics.jsonl")
     parser.add_argument("--notes", type=Path, default=None, help="text appended to the section (levers, targets)")
     a = parser.parse_args()
     rows = load(a.results)
-    print(table(rows))
+    ok = print_check(a.results)
+    others = load(a.others) if a.others else None
+    if others is not None:
+        ok &= print_check(a.others)
     e2e = e2e_steady(a.e2e)
     if a.write:
-        write(a.write, section(rows, str(a.results), e2e) + "\n" + (a.notes.read_text() if a.notes else ""))
+        write(a.write, section(rows, str(a.results), e2e, others, str(a.others or "")) + "\n"
+              + (a.notes.read_text() if a.notes else ""))
     if e2e:
         bench = sps(rows.get(DEFAULT))
         ratio = f" ({e2e['steady_samples_per_s'] / bench:.0%} of the bench's default)" if bench else ""
         print(f"Ray Train job steady state: {e2e['steady_samples_per_s']:.2f} samples/s{ratio}; "
               f"intervals {e2e['intervals']}")
+    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":

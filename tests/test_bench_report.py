@@ -36,7 +36,8 @@ def test_write_puts_the_headline_first_and_keeps_other_sections(tmp_path: Path) 
         mod.write(out, mod.section(mod.load(results), "r.jsonl", None))
     text = out.read_text()
     lines = text.splitlines()
-    assert lines[0] == "default: 12.0× the tutorial recipe, 1.50× plain TRL (same call)"
-    assert lines[1] == "freeze_vision: the tutorial's 3 epochs in 12.5 s"
+    assert lines[0] == ("default: 12.00 samples/s, 12.0× the tutorial recipe, 1.50× plain TRL, — Unsloth ? (—), "
+                        "one call: `r.jsonl`")
+    assert lines[1] == "freeze_vision: the tutorial's 3 epochs in 12.5 s (`r.jsonl`)"
     assert text.count(mod.BEGIN) == 1 and text.count("submission -> first step: 80 s") == 1
     assert text.index(mod.END) < text.index("## Job start (image engineer)")

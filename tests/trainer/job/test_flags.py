@@ -26,7 +26,7 @@ attn_implementation gradient_checkpointing lora_target train_embeddings freeze_v
 eval_fraction eval_steps seed column_mapping prompt_template system_message bad_rows max_failures
 save_total_limit hub_model_id merge_adapter cache_dir dataloader_num_workers
 recipe use_liger_kernel adapter_dtype compile_vision run_name resume_from installer extra_pip
-fused_lora vision_attention lm_attention lean_step image_feature_cache_gib min_workers
+fused_lora vision_attention frozen_norms lm_attention lean_step image_feature_cache_gib min_workers
 sample_rows sample_max_new_tokens sample_batch_size sample_time_budget_s sample_at_eval
 streaming streaming_shuffle_window streaming_decoders streaming_object_store_gib""".split()  # noqa: SIM905
 

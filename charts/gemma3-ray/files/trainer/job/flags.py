@@ -69,7 +69,8 @@ RECIPES: dict[str, tuple[Any, ...]] = {
     "dataloader_num_workers":     (4,      0,        0),
     "compile_vision":             (False,  False,    False),
     "fused_lora":                 (True,   False,    False),
-    "vision_attention":           ("cudnn", "sdpa",  "sdpa"),
+    "vision_attention":           ("auto", "sdpa",   "sdpa"),
+    "frozen_norms":               (True,   False,    False),
     "lm_attention":               ("cudnn", "sdpa",  "sdpa"),
     "lean_step":                  (True,   False,    False),
 }
@@ -178,8 +179,12 @@ class TrainArguments:
         None, "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU).", min=0)
     fused_lora: bool | None = flag(None, "LoRA layers as one fused Function: dropout applied while loading x, no "
                                          "copies (Triton; same semantics as PEFT's layer; default: from --recipe).")
-    vision_attention: Literal["sdpa", "cudnn"] | None = flag(
-        None, "SigLIP attention kernel: SDPA's choice or cuDNN's fused attention first (default: from --recipe).")
+    vision_attention: Literal["sdpa", "cudnn", "fa4", "auto"] | None = flag(
+        None, "SigLIP attention kernel: SDPA's choice, cuDNN's fused attention first, FlashAttention 4 (flash-attn-4, "
+              "sm90/sm100, self-tested; else cuDNN), or auto: the device's choice (trainer/speed/capability.py; "
+              "default: from --recipe).")
+    frozen_norms: bool | None = flag(None, "SigLIP's frozen LayerNorms through PyTorch's kernel, whose backward skips "
+                                           "the weight and bias gradients (default: from --recipe).")
     lm_attention: Literal["sdpa", "cudnn"] | None = flag(
         None, "Language-model attention kernel: Transformers' SDPA path (kv heads repeated) or cuDNN's fused attention "
               "with grouped kv heads (Hopper and newer; default: from --recipe).")
@@ -222,7 +227,7 @@ RESTART_FREE = (
     "num_workers", "min_workers", "per_device_train_batch_size", "accelerator_type", "installer", "extra_pip",
     "max_failures", "cache_dir", "dataloader_num_workers", "streaming_decoders", "streaming_object_store_gib",
     "recipe", "attn_implementation", "gradient_checkpointing", "use_liger_kernel", "compile_vision", "fused_lora",
-    "vision_attention", "lm_attention", "lean_step", "image_feature_cache_gib",
+    "vision_attention", "frozen_norms", "lm_attention", "lean_step", "image_feature_cache_gib",
     "push_to_hub", "hub_model_id", "merge_adapter", "sample_rows", "sample_max_new_tokens", "sample_batch_size",
     "sample_time_budget_s", "sample_at_eval",
 )

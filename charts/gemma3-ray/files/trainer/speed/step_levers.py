@@ -29,8 +29,10 @@ def lm_attention_cudnn(language_model, require_hopper: bool = True) -> int:
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if require_hopper and (not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0)):
-        return 0  # cuDNN's fused attention with a mask and GQA: Hopper and newer
+    from trainer.speed import capability
+
+    if require_hopper and capability.choose("lm_attention", capability.device_capability()).fallback:
+        return 0  # cuDNN's fused attention with a mask and GQA: Hopper and Blackwell (capability.py)
     marked = 0
     for module in language_model.modules():
         if getattr(module, "num_key_value_groups", 0) >= 1 and hasattr(module, "q_proj"):

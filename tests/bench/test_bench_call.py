@@ -1,0 +1,172 @@
+"""bench/ as scenarios and expectations (issue #35 item 3): the scenario table is checked row by row, each call's
+results are judged against it by bench/report.py, and one data-driven call runs a group."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import call, report
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT.parent / "shared" / "profiles" / "2026-12-02-b-h200" / "job-start-warm.txt"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "scenarios.toml"
+    p.write_text(text)
+    return p
+
+
+GOOD = """
+[[scenario]]
+name = "default"
+group = "headline"
+run = "row"
+recipe = "default"
+budget_s = 100
+metric = "samples_per_s"
+expect = [15.0, 18.0]
+source = "a call"
+target = ">= 18.9"
+issue = "#33"
+
+[[scenario]]
+name = "fv"
+group = "workloads"
+run = "workload"
+recipe = "freeze_vision"
+budget_s = 100
+metric = "train_wall_s"
+expect = [95.0, 115.0]
+source = "another call"
+target = "<= 75"
+issue = "#33"
+
+[[scenario]]
+name = "kernels"
+group = "headline"
+run = "kernels"
+budget_s = 100
+"""
+
+
+def test_the_repository_scenarios_load_and_every_range_names_its_source():
+    rows = call.load()
+    assert {"default", "unsloth", "plain_trl", "tutorial", "freeze_vision_3ep", "job_start"} <= {s.name for s in rows}
+    assert all(s.source for s in rows if s.expect)
+    headline = [s.name for s in call.group(rows, "headline")]
+    assert headline.index("data") < headline.index("default") < headline.index("unsloth")
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ('expect = [18.0, 15.0]\nsource = "x"', "low <= high"),
+    ("expect = [15.0, 18.0]", "needs its `source`"),
+    ('target = "about 19"\nissue = "#1"', "write '>= 18.9'"),
+    ('target = ">= 19"', "needs the `issue`"),
+    ('colour = "red"', "unknown field(s) colour"),
+])
+def test_a_bad_scenario_is_refused_in_one_sentence_naming_it(tmp_path, bad, message):
+    text = f'[[scenario]]\nname = "x"\ngroup = "g"\nrun = "row"\nrecipe = "default"\nbudget_s = 10\nmetric = "m"\n{bad}\n'
+    with pytest.raises(call.ScenarioError, match="scenario 'x'") as e:
+        call.load(write(tmp_path, text))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_unknown_recipe_or_run_is_refused(tmp_path):
+    with pytest.raises(call.ScenarioError, match="recipe 'fastest' is not one of bench.py's"):
+        call.load(write(tmp_path, '[[scenario]]\nname = "x"\ngroup = "g"\nrun = "row"\nrecipe = "fastest"\nbudget_s = 1\n'))
+    with pytest.raises(call.ScenarioError, match="use one of row, workload"):
+        call.load(write(tmp_path, '[[scenario]]\nname = "x"\ngroup = "g"\nrun = "script"\nbudget_s = 1\n'))
+
+
+def test_an_unknown_group_or_name_is_refused_with_the_known_ones(tmp_path):
+    rows = call.load(write(tmp_path, GOOD))
+    with pytest.raises(call.ScenarioError, match="the groups are headline, workloads"):
+        call.group(rows, "all")
+    with pytest.raises(call.ScenarioError, match="--only names nope"):
+        call.group(rows, "headline", ["nope"])
+
+
+def results(tmp_path: Path, rows: list[dict]) -> Path:
+    p = tmp_path / "call.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_report_judges_each_result_against_its_range_and_target(tmp_path):
+    scen = call.load(write(tmp_path, GOOD))
+    path = results(tmp_path, [
+        {"scenario": "default", "name": "default", "ok": True, "samples_per_s": 14.2},
+        {"scenario": "fv", "name": "fv", "ok": True, "workload": {"train_wall_s": 80.0}},
+        {"scenario": "kernels", "kind": "kernel_check", "check": "siglip_attention", "kernel": "fa4", "ok": False,
+         "error": "ImportError: no flash_attn"},
+    ])
+    verdicts = {v["scenario"]: v for v in report.check(path, scen)}
+    assert verdicts["default"]["status"] == "below the expected range"
+    assert verdicts["default"]["target_status"].startswith("missed by 4.70 (25%)")
+    assert verdicts["fv"]["status"] == "below the expected range"  # faster than expected is out of range too
+    assert verdicts["fv"]["target_status"].startswith("missed by 5.00")
+    assert verdicts["kernels"]["status"].startswith("failed: siglip_attention/fa4: ImportError")
+    assert report.print_check(path, scen) is False
+
+
+def test_report_passes_a_call_in_range_and_says_a_met_target(tmp_path, capsys):
+    scen = call.load(write(tmp_path, GOOD))
+    path = results(tmp_path, [{"scenario": "default", "name": "default", "ok": True, "samples_per_s": 17.0,
+                               "flags": {"per_device_train_batch_size": 16, "global_batch_size": 64}}])
+    assert report.print_check(path, scen) is True
+    out = capsys.readouterr().out
+    assert "[check] default: 17 expected 15–18: in range; target >= 18.9: missed by 1.90" in out
+
+
+def test_a_failed_row_fails_the_check(tmp_path):
+    scen = call.load(write(tmp_path, GOOD))
+    path = results(tmp_path, [{"scenario": "default", "name": "default", "ok": False, "error": "CUDA out of memory"}])
+    (v,) = report.check(path, scen)
+    assert v["status"] == "failed: CUDA out of memory"
+    assert report.print_check(path, scen) is False
+
+
+def test_headline_names_every_ratio_from_one_call():
+    rows = {n: {"name": n, "ok": True, "samples_per_s": v, "versions": {"unsloth": "2026.10.9"}}
+            for n, v in (("tutorial", 0.8), ("plain_trl", 8.0), ("unsloth", 12.0), ("default", 18.0))}
+    (line,) = report.headline(rows, "bench/results/x.jsonl")
+    assert line == ("default: 18.00 samples/s, 22.5× the tutorial recipe, 2.25× plain TRL, 1.50× Unsloth 2026.10.9 "
+                    "(12.00), one call: `bench/results/x.jsonl`")
+
+
+def test_tag_names_the_scenario_and_a_silent_scenario_gets_a_failed_line(tmp_path):
+    scen = call.load(write(tmp_path, GOOD))[0]
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({"name": "old", "ok": True}) + "\n")
+    call.tag(path, 1, scen, "c1", 124, 100.0)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0] == {"name": "old", "ok": True}
+    assert lines[1]["scenario"] == "default" and lines[1]["call"] == "c1" and lines[1]["ok"] is False
+    assert "rc 124" in lines[1]["error"]
+
+
+@pytest.mark.skipif(not PROFILE.exists(), reason="the shared profile is not beside this checkout")
+def test_job_start_split_is_read_from_the_jobs_own_log():
+    res = call.job_start_result("noise\n" + PROFILE.read_text())
+    assert res["ok"] and res["job_start_s"] == 79.6
+    assert res["split"]["first optimizer step (incl. first batch)"] == 15.0
+    assert res["split"]["of which: Ray start, placement, worker spawn"] == 21.3
+    assert call.job_start_result("no such line")["ok"] is False
+
+
+def test_plan_prints_each_command_without_a_gpu():
+    proc = subprocess.run([sys.executable, "-m", "bench.call", "headline", "--plan"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "unsloth (240s):" in proc.stdout and "-m bench.unsloth_row" in proc.stdout
+    assert "bench/bench.py run --recipe default --name default" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "bench.call", "everything", "--plan"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "bench: group 'everything' is not in scenarios.toml" in bad.stderr
+    assert "Traceback" not in bad.stderr

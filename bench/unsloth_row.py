@@ -31,6 +31,7 @@ def rows_as_messages(parquet: Path, n: int) -> list[dict[str, Any]]:
     """The bench's rows as Unsloth's collator takes them: system, user (prompt text + image), assistant."""
     import pyarrow.parquet as pq
     from PIL import Image
+
     from trainer.job.flags import DEFAULT_PROMPT_TEMPLATE, DEFAULT_SYSTEM_MESSAGE
 
     table = pq.read_table(parquet).slice(0, n).to_pylist()

@@ -24,3 +24,6 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # One real kube-apiserver per session, shared by tests/plugin and tests/lifecycle (it takes ~15 s to
 # start on a 2-core machine). Imported after sys.path holds the checkout.
 from tests.plugin.kube_apiserver import kube_apiserver, kueue_crds  # noqa: E402, F401 - session fixtures
+
+# SIGTERM (CI's deadline, `timeout`) stops the run as Ctrl-C does: every fixture's teardown runs first.
+pytest_plugins = ["tests.sigterm"]

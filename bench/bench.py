@@ -224,7 +224,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
     from step_timer import StepTimer  # bench/, beside this script
     from transformers import AutoConfig, AutoProcessor
 
-    from trainer.job.flags import parse_args as parse_trainer_args
+    from trainer.job.arguments import parse_args as parse_trainer_args
     from trainer.worker.model import build_trainer
     from trainer.worker.worker import CUDA_ALLOC_CONF
 
@@ -340,6 +340,11 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
             res["peak_alloc_gib"] = torch.cuda.max_memory_allocated() / 2**30
     res["wall_s"] = round(time.time() - t0, 1)
     res["versions"] = versions()
+    return emit(res, out)
+
+
+def emit(res: dict[str, Any], out: str | None) -> dict[str, Any]:
+    """One result: printed as a RESULT line (the call's log) and appended to the call's results file."""
     line = json.dumps(res, default=str)
     print("RESULT " + line, flush=True)
     if out:

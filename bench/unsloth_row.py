@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from bench.bench import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,12 +124,7 @@ def run(model_dir: Path, parquet: Path, out: Path | None, micro: int, global_bat
             res["versions"][pkg] = version(pkg)
         except PackageNotFoundError:
             res["versions"][pkg] = "-"
-    line = json.dumps(res, default=str)
-    print("RESULT " + line, flush=True)
-    if out:
-        with open(out, "a") as fh:
-            fh.write(line + "\n")
-    return res
+    return emit(res, out)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from e2e import notes_check as nc
 from e2e.harness import CHART, Harness, Run
-from e2e.kube import StageError
+from e2e.kube import StageError, stop_command
 from e2e.session import run_name
 
 NAMESPACE = run_name("g3r-e2e")  # unique per run (e2e/session.py)
@@ -31,20 +31,6 @@ KEEP_ALIVE_S = 1800  # the first release's cluster outlives its job by this much
 # NOTES line's case says, without stopping the real operator (it is shared with every other stage).
 STAND_IN_FINALIZER = "e2e.gemma3-ray/stands-in-for-a-stopped-operator"
 NO_SUCH_QUEUE = "e2e-no-such-queue"  # a queue label nobody admits: the RayJob stays suspended, no pod runs
-
-
-def _stop(proc: subprocess.Popen) -> int | None:
-    """Stop a command that does not end by itself; its own exit code if it had ended before, else None."""
-    rc = proc.poll()
-    if rc is not None:
-        return rc
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    return None
 
 
 def _stream(h: Harness, argv: list[str], done, seconds: float) -> tuple[str, int | None]:
@@ -65,7 +51,7 @@ def _stream(h: Harness, argv: list[str], done, seconds: float) -> tuple[str, int
                     break
                 got += chunk.decode(errors="replace")
     finally:
-        rc = _stop(proc)
+        rc = stop_command(proc)
     h.kube._log(f"$ {shlex.join(argv)}\n{got[-2000:]}\n# exit {rc if rc is not None else '(stopped)'}")
     return got, rc
 
@@ -98,7 +84,7 @@ def _port_forward(h: Harness, argv: list[str], want_ray: str) -> str:
         raise StageError(f"NOTES command `{shlex.join(argv)}`: http://127.0.0.1:{port} did not answer "
                          f"({(proc.stdout.read() if proc.poll() is not None else '')[-300:]!r})")
     finally:
-        _stop(proc)
+        stop_command(proc)
 
 
 def _gcloud(h: Harness, argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,21 @@ def ended(status: dict[str, Any] | None) -> bool:
     return deployment in DEPLOYMENT_DONE or (st.get("jobStatus") in JOB_DONE and deployment == "Suspended")
 
 
+def stop_command(proc: subprocess.Popen) -> int | None:
+    """Stop a kubectl command that does not end by itself (port-forward, logs -f, get -w): its own exit code if it
+    had ended before, else None."""
+    rc = proc.poll()
+    if rc is not None:
+        return rc
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return None
+
+
 class StageError(RuntimeError):
     """A stage failed: the message names the object and carries the cluster's own words."""
 

@@ -19,7 +19,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from e2e.kube import Kube, StageError
+from e2e.kube import Kube, StageError, stop_command
 
 NAME = "fake-gcs"
 PORT = 4443
@@ -110,13 +110,8 @@ class Storage:
 
     def stop(self) -> None:
         proc, self.forward = self.forward, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_command(proc)
 
     # ------------------------------------------------------------------ the JSON API
     def _call(self, method: str, path: str, data: bytes | None = None, headers: dict[str, str] | None = None,

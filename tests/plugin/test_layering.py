@@ -11,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.layering import Package, cycles
+
 PACKAGE = "gemma3_ray"
 SOURCE = Path(__file__).resolve().parents[2] / "plugin" / PACKAGE
 ENTRY_POINTS = {"__main__"}  # `python -m gemma3_ray`, which runs the CLI
@@ -22,25 +24,9 @@ KUBE_CONSTRUCTORS = re.compile(r"^(ApiClient|load_kube_config|new_client_from_co
                                r"CustomObjectsApi|\w+V\d\w*Api)$")
 
 
-def _name(path: Path) -> str:
-    """``cli/entry.py`` -> ``cli.entry``; a folder's ``__init__.py`` -> the folder; the package's own -> ``""``."""
-    parts = list(path.relative_to(SOURCE).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _files() -> dict[str, Path]:
-    return {_name(p): p for p in sorted(SOURCE.rglob("*.py"))}
-
-
-def folders() -> list[str]:
-    return sorted(p.parent.name for p in SOURCE.glob("*/__init__.py"))
-
-
-def folder_of(module: str) -> str:
-    """The folder a module lives in (``""``: the package's top level)."""
-    return module.split(".")[0] if "." in module or module in folders() else ""
+LAYERS = Package(SOURCE)
+_files, folders, folder_of = LAYERS.files, LAYERS.folders, LAYERS.folder_of
+may_import, layer_violations = LAYERS.may_import, LAYERS.layer_violations
 
 
 def imports(module: str, files: dict[str, Path] | None = None) -> set[str]:
@@ -70,67 +56,6 @@ def imports(module: str, files: dict[str, Path] | None = None) -> set[str]:
 def graph() -> dict[str, set[str]]:
     files = _files()
     return {m: imports(m, files) for m in sorted(files) if m}
-
-
-def may_import() -> dict[str, set[str]]:
-    """Each folder's allowed folders, as its ``__init__`` docstring says ("May import: a, b" or "nothing")."""
-    allowed: dict[str, set[str]] = {}
-    for folder in folders():
-        doc = ast.get_docstring(ast.parse((SOURCE / folder / "__init__.py").read_text(encoding="utf-8"))) or ""
-        m = re.search(r"^May import: (.+?)(?:\n\n|\Z)", doc, re.M | re.S)
-        assert m, f"{folder}/__init__.py: its docstring lacks the 'May import: ...' paragraph"
-        text = re.sub(r"\([^)]*\)", "", m[1])  # a note in parentheses says why
-        allowed[folder] = set() if text.startswith("nothing") else {w.strip(" .\n") for w in text.split(",")}
-    return allowed
-
-
-def layer_violations(g: dict[str, set[str]], allowed: dict[str, set[str]]) -> list[str]:
-    """Every import from one folder into another its ``__init__`` does not allow."""
-    out = []
-    for module, deps in sorted(g.items()):
-        here = folder_of(module)
-        if not here:  # the package's own __init__/__main__ sit above every folder
-            continue
-        for dep in sorted(deps):
-            there = folder_of(dep)
-            if there != here and there not in allowed.get(here, set()):
-                out.append(f"{module} imports {dep} ({here}/ may import: {', '.join(sorted(allowed.get(here, ()))) or 'nothing'})")
-    return out
-
-
-def cycles(g: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle through each strongly connected component that has one (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(g.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(g):
-        if v not in index:
-            visit(v)
-    return found
 
 
 def test_the_graph_is_read_from_the_source() -> None:

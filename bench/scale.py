@@ -44,7 +44,7 @@ def worker_prepare(config: dict[str, Any]) -> None:
 
     from trainer.data.dataset import prepare_data
     from trainer.data.scan_store import ScanGroup
-    from trainer.job.flags import parse_args
+    from trainer.job.arguments import parse_args
     from trainer.job.storage import Storage
 
     ctx = ray.train.get_context()

@@ -2,19 +2,33 @@
 
 The values file must exist; `helm template` must accept the values and every ``--set`` (its errors are
 boiled down to one sentence per field, with the field's range from the chart's schema); and the trainer's
-own flag checks (the chart's copy of trainer/job/flags.py, standard library only) must accept the entry point
-the chart renders, which catches what no schema rule can: two flags that do not go together.
+own flag checks (the chart's copy of trainer/job/, standard library only, run in a child Python on the files the
+ConfigMap's items mount) must accept the entry point the chart renders, which catches what no schema rule can:
+two flags that do not go together.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from demo.chart_job import DemoError, entry_args, parse_chart_job, render_chart
 
-FLAGS_PATH = "trainer/job/flags.py"  # the trainer's flag checks, where the ConfigMap's items mount them
+JOB_DIR = "trainer/job/"  # the trainer's flags and their checks, where the ConfigMap's items mount them
+# The chart's own parser on the rendered words, in a child Python started in a folder of the chart's trainer/job/
+# files (its first import path: the chart's trainer, never this checkout's): exit 3 and the UsageError's text when
+# it refuses them.
+_CHECK = """import sys
+from trainer.job.arguments import parse_args
+from trainer.job.flags import UsageError
+try:
+    parse_args(sys.argv[1:])
+except UsageError as e:
+    print(e)
+    sys.exit(3)
+"""
 
 # Placeholders for the paths the demo builds later; the checks below never open them.
 PLACEHOLDER_PATHS = {"training.model_id": "/demo-preflight/tiny-gemma3",
@@ -27,28 +41,25 @@ def require_files(chart: Path, values: Path) -> None:
         raise DemoError(f"{chart} is not a Helm chart (no Chart.yaml): pass the chart folder with --chart=<dir>")
 
 
-def _trainer_flags_module(source: str):
-    spec = importlib.util.spec_from_loader("gemma3_ray_demo_preflight_flags", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    exec(compile(source, "flags.py", "exec"), module.__dict__)  # noqa: S102 - the chart's own trainer code
-    return module
-
-
 def check_trainer_flags(files: dict[str, str], items: dict[str, str], entrypoint: str) -> None:
-    """The trainer's own flag checks on the rendered entry point (the chart's copy of job/flags.py)."""
-    key = next((k for k, path in items.items() if path == FLAGS_PATH), None)
-    if key is None:
+    """The trainer's own flag checks on the rendered entry point (the chart's copy of trainer/job/)."""
+    mounted = {path: files[key] for key, path in items.items()
+               if path.startswith(JOB_DIR) or path == "trainer/__init__.py"}
+    if JOB_DIR + "arguments.py" not in mounted:
         return
-    flags = _trainer_flags_module(files[key])
     words = entry_args(entrypoint)  # after `python -m trainer.vision_train`
-    try:
-        flags.parse_args(words)
-    except flags.UsageError as e:
-        problems = [ln.strip().removeprefix("- ") for ln in str(e).splitlines() if ln.strip().startswith("- ")]
+    with tempfile.TemporaryDirectory(prefix="g3r-preflight-") as tmp:
+        for path, text in mounted.items():
+            (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / path).write_text(text)
+        done = subprocess.run([sys.executable, "-s", "-c", _CHECK, *words], cwd=tmp, capture_output=True, text=True)
+    if done.returncode == 3:
+        problems = [ln.strip().removeprefix("- ") for ln in done.stdout.splitlines() if ln.strip().startswith("- ")]
         raise DemoError("the trainer refuses the flags the chart renders from the values and --set: "
-                        + "; ".join(problems or [str(e)])) from None
+                        + "; ".join(problems or [done.stdout.strip()]))
+    if done.returncode != 0:
+        raise DemoError("the chart's trainer flag checks could not run: "
+                        + (done.stderr.strip().splitlines() or ["no output"])[-1])
 
 
 def preflight(helm: str, chart: Path, values: Path, sets: dict[str, str]) -> None:

@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+from trainer.job import arguments  # the trainer's parser (the chart's copy)
+
 ROOT = Path(__file__).resolve().parents[1]
 READMES = sorted({ROOT / "README.md", *ROOT.glob("*/README.md"), *ROOT.glob("*/*/README.md")})
 SCHEMA = json.loads((ROOT / "charts" / "gemma3-ray" / "values.schema.json").read_text())
@@ -49,7 +51,7 @@ PLUGIN = [c for c in _of("gemma3-ray", ".venv/bin/gemma3-ray", "helm") if c[2][0
 
 @pytest.fixture(scope="module")
 def trainer() -> ModuleType:
-    from trainer.job import flags  # the parser
+    from trainer.job import flags  # the flags declared (their parser: trainer.job.arguments)
 
     return flags
 
@@ -139,7 +141,7 @@ def test_trainer_examples_parse(trainer: ModuleType, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("HF_TOKEN", "only-so-push_to_hub-validation-can-pass")
     for readme, line, words in runs:
         try:
-            trainer.parse_args(words[3:])
+            arguments.parse_args(words[3:])
         except (trainer.UsageError, SystemExit) as exc:
             pytest.fail(f"{readme}: `{line}` is rejected by the trainer: {exc}")
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.bench.conftest import bench_module
-from trainer.job.flags import UsageError, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import UsageError
 from trainer.speed import fast_lora, fast_lora_peft
 
 fp8_linear = bench_module("fp8_linear")

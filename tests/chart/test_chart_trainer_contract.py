@@ -1,4 +1,4 @@
-"""The rendered RayJob entrypoint is accepted by the trainer's own flag parser (trainer.job.flags, the
+"""The rendered RayJob entrypoint is accepted by the trainer's own flag parser (trainer.job.arguments, the
 chart's copy of trainer/), for every values file: names, types and cross-flag rules agree."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ import sys
 import pytest
 from helm_render import CHART, Render
 
-from trainer.job import flags as trainer  # the chart's copy: trainer/ is a symlink to files/trainer
+from trainer.job import arguments as trainer  # the chart's copy: trainer/ is a symlink to files/trainer
+from trainer.job.flags import UsageError
 
 ENTRY = ["python", "-m", "trainer.vision_train"]  # run from the job's working_dir, which holds the package
 
 
 def test_the_trainer_is_the_charts_copy() -> None:
     assert trainer.__file__ and __import__("pathlib").Path(trainer.__file__).resolve() == (
-        CHART / "files" / "trainer" / "job" / "flags.py").resolve()
+        CHART / "files" / "trainer" / "job" / "arguments.py").resolve()
 
 
 def test_every_rendered_entrypoint_parses_with_the_trainer(renders: dict[str, Render],
@@ -31,9 +32,9 @@ def test_every_rendered_entrypoint_parses_with_the_trainer(renders: dict[str, Re
 
 
 def test_trainer_rejects_what_the_chart_must_never_render() -> None:
-    with pytest.raises(trainer.UsageError):
+    with pytest.raises(UsageError):
         trainer.parse_args(["--num_worker=2"])
-    with pytest.raises(trainer.UsageError):
+    with pytest.raises(UsageError):
         trainer.parse_args(["--use_gpu=false", "--quantization=4bit"])
 
 

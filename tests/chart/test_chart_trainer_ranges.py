@@ -23,6 +23,8 @@ import pytest
 from helm_render import CHART, ROOT
 from test_chart_value_checks import HELMS, helm_sets
 
+from trainer.job.arguments import parse_args  # the chart's copy (trainer/ is a symlink to files/trainer)
+
 FLAGS = CHART / "files" / "trainer" / "job" / "flags.py"
 # Texts around every bound the rules use (-1, 0, 1), in the spellings a user types.
 PROBES = ["-5", "-1", "-1.0", "-0.5", "-0", "0", "0.0", ".0", "0e3", "1e-9", "0.05", ".5", "5e-2", "0.5e1",
@@ -46,7 +48,7 @@ def _trainer_accepts(flags: ModuleType, name: str, text: str) -> bool:
     """The trainer's own verdict on this one flag (other problems of the same argv are ignored)."""
     base = ["--storage_path=gs://b/p", "--use_gpu=false", "--max_steps=10", "--num_workers=1000"]
     try:
-        flags.parse_args([*base, f"--{name}={text}"])
+        parse_args([*base, f"--{name}={text}"])
     except flags.UsageError as e:
         return not any(line.strip(" -").startswith(name) or f"--{name}" in line for line in str(e).splitlines())
     return True
@@ -86,8 +88,8 @@ def test_max_steps_below_minus_one_is_refused_by_the_trainer(flags: ModuleType) 
     """-1 means "use epochs"; -5 or 0 used to mean the same silently."""
     for text in ("-5", "0"):
         with pytest.raises(flags.UsageError, match="max_steps"):
-            flags.parse_args(["--storage_path=gs://b/p", f"--max_steps={text}"])
-    assert flags.parse_args(["--storage_path=gs://b/p", "--max_steps=-1"]).max_steps == -1
+            parse_args(["--storage_path=gs://b/p", f"--max_steps={text}"])
+    assert parse_args(["--storage_path=gs://b/p", "--max_steps=-1"]).max_steps == -1
 
 
 @pytest.mark.parametrize("helm", HELMS)

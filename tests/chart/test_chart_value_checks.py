@@ -66,11 +66,9 @@ def test_non_numeric_text_for_a_number_flag_is_rejected_naming_it(helm: str, key
 
 def test_numeric_text_parses_to_the_same_number_in_the_trainer() -> None:
     """What the schema lets through as text is what the trainer's own parser reads as that number."""
-    from trainer.job import (
-        flags,  # the trainer's flag parser (the chart's copy: trainer/ links to files/trainer)
-    )
+    from trainer.job.arguments import parse_args  # the chart's copy: trainer/ links to files/trainer
 
-    args = flags.parse_args(["--storage_path=gs://b/p", "--learning_rate=0.0001", "--max_steps=+12"])
+    args = parse_args(["--storage_path=gs://b/p", "--learning_rate=0.0001", "--max_steps=+12"])
     assert args.learning_rate == 0.0001 and args.max_steps == 12
 
 

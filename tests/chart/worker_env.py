@@ -19,7 +19,8 @@ ENTRY = ["python", "-m", "trainer.vision_train"]
 # The driver's own calls (vision_train.main): parse the flags, then the workers' runtime env.
 DRIVER_CALLS = """
 import json, os, sys
-from trainer.job.flags import extra_pip, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flag_values import extra_pip
 from trainer.job.worker_runtime_env import worker_runtime_env
 assert os.path.realpath(worker_runtime_env.__code__.co_filename).startswith(os.path.realpath(".")), "not the render's"
 args = parse_args(json.loads(sys.argv[1]))

@@ -12,8 +12,9 @@ import pytest
 from demo.sample_data import build_sample_dataset
 from tests.trainer.test_ray_job import N_ROWS, job_flags, records
 from trainer import vision_train
+from trainer.job.arguments import parse_args
 from trainer.job.elastic import BatchShape, BatchSplitError, describe, run_shapes, split_batch
-from trainer.job.flags import RECIPES, UsageError, parse_args
+from trainer.job.flags import RECIPES, UsageError
 from trainer.worker.model import sft_config
 
 CPU = ["--use_gpu=false", "--quantization=none"]

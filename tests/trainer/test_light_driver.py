@@ -79,7 +79,7 @@ def test_the_run_plan_needs_no_worker_package(tmp_path: Path) -> None:
 
 
 CHECK_DATA = BLOCK + """
-from trainer.job.flags import parse_args
+from trainer.job.arguments import parse_args
 from trainer.job.dataset_check import check_dataset_before_download
 args = parse_args(["--use_gpu=false", "--quantization=none", f"--dataset_name={sys.argv[2]}",
                    f"--cache_dir={sys.argv[3]}"])

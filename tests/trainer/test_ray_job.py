@@ -19,7 +19,7 @@ from tests.trainer.faults import marker as fault_marker
 from trainer import vision_train
 from trainer.data.dataset import prepare_data
 from trainer.data.encoding import LABEL_IGNORE
-from trainer.job.flags import parse_args
+from trainer.job.arguments import parse_args
 from trainer.job.runs import MERGED_DIR
 from trainer.job.storage import Storage
 

@@ -19,7 +19,8 @@ from demo.sample_data import build_sample_dataset
 from tests.trainer.faults import KillWorkerAfterStep
 from tests.trainer.test_ray_job import FAULT_AT_STEP, N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records
 from trainer import vision_train
-from trainer.job.flags import UsageError, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import UsageError
 from trainer.job.runs import plan_run
 from trainer.job.storage import storage_for
 

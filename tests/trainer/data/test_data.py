@@ -18,7 +18,8 @@ from tests.trainer.thread_group import ThreadGroup
 from trainer.data.dataset import ROW_ID, load_rows, prepare_data
 from trainer.data.encoding import LABEL_IGNORE
 from trainer.data.scan_store import ScanGroup
-from trainer.job.flags import TrainArguments, UsageError, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import TrainArguments, UsageError
 from trainer.job.storage import Storage
 
 CPU = ["--use_gpu=false", "--quantization=none"]

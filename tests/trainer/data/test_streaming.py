@@ -20,11 +20,12 @@ import pytest
 
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.messy import write_messy_jsonl
-from trainer.data import streaming
+from trainer.data import stream_plan, stream_rows, streaming
 from trainer.data.encoding import SampleEncoder
 from trainer.data.sampler import WholeBatchSampler
 from trainer.job import shard_manifest
-from trainer.job.flags import column_mapping, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flag_values import column_mapping
 from trainer.job.storage import Storage, filesystem
 
 COMMON = ["--use_gpu=false", "--num_workers=1", "--global_batch_size=4", "--per_device_train_batch_size=2",
@@ -113,13 +114,13 @@ def test_bad_rows_are_skipped_as_they_stream_with_the_scans_reasons_and_row_ids(
     shards = shard_manifest.check_for_run(args)
     storage = Storage(root=f"gs://{GCS_BUCKET}/stream-runs/{tmp_path.name}", emulator_host=fake_gcs)
     mapping = column_mapping(args)
-    stage = streaming.RowStage(processor, asdict(args), mapping, shards.shard_format, shards.image_column,
+    stage = stream_rows.RowStage(processor, asdict(args), mapping, shards.shard_format, shards.image_column,
                                asdict(storage), 0, shards.rows, None)
     kept = []
     for s in shards.shards:
         fs, path = filesystem(s.uri, fake_gcs)
         kept += stage(pq.read_table(fs.open_input_file(path))).column("_row").to_pylist()
-    streamed = streaming.skipped_rows(storage)
+    streamed = stream_rows.skipped_rows(storage)
 
     file_args = parse_args([*COMMON, "--max_steps=1", f"--dataset_name={jsonl}"])
     raw, base = load_rows(file_args)
@@ -127,13 +128,13 @@ def test_bad_rows_are_skipped_as_they_stream_with_the_scans_reasons_and_row_ids(
     assert streamed == scanned == {reason: [row] for reason, row in sorted(expected.items())}
     assert sorted(kept) == sorted(set(range(shards.rows)) - set(expected.values()))
 
-    fail = streaming.RowStage(processor, {**asdict(args), "bad_rows": "fail"}, mapping, shards.shard_format,
+    fail = stream_rows.RowStage(processor, {**asdict(args), "bad_rows": "fail"}, mapping, shards.shard_format,
                               shards.image_column, asdict(storage), 0, shards.rows, None)
     fs, path = filesystem(shards.shards[0].uri, fake_gcs)
     with pytest.raises(ValueError) as err:
         fail(pq.read_table(fs.open_input_file(path)))
     first = min(expected.values())
-    assert streaming.bad_row_stop(err.value) == (f"row {first}: {next(r for r, i in expected.items() if i == first)}; "
+    assert stream_rows.bad_row_stop(err.value) == (f"row {first}: {next(r for r, i in expected.items() if i == first)}; "
                                                  "--bad_rows=skip would skip such rows")
 
 
@@ -161,7 +162,7 @@ def test_a_resumed_epoch_trains_the_rows_its_checkpoint_had_not(processor, ray_c
         next(it)
     before = set(first.state.rows)
     assert len(before) == 8
-    saved = streaming.StreamState.from_json(first.state.to_json(before, 20, 2))
+    saved = stream_plan.StreamState.from_json(first.state.to_json(before, 20, 2))
     assert saved.rows == before and saved.epoch == 0
 
     del it, first
@@ -197,6 +198,6 @@ def test_the_driver_refuses_a_damaged_shard_or_a_missing_column_before_any_worke
 
 def test_the_stream_state_keeps_row_ids_exactly() -> None:
     rows = {0, 7, 8, 63, 64, 999}
-    state = streaming.StreamState.from_json(streaming.StreamState(3, 40, set()).to_json(rows, 1000, 52))
+    state = stream_plan.StreamState.from_json(stream_plan.StreamState(3, 40, set()).to_json(rows, 1000, 52))
     assert (state.epoch, state.epoch_start_step, state.rows, state.resumed_rows) == (3, 40, rows, 6)
-    assert streaming.StreamState.from_json(b"{torn") is None
+    assert stream_plan.StreamState.from_json(b"{torn") is None

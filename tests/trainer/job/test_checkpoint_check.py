@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import save_file
 
 from trainer.job import checkpoint_manifest, runs
-from trainer.job.flags import UsageError, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import UsageError
 from trainer.job.runs import checkpoint_problem, plan_run, quarantine, registered_checkpoints
 from trainer.job.storage import Storage, storage_for
 from trainer.worker.resume import load_problem

@@ -12,7 +12,8 @@ import torch
 from accelerate.data_loader import prepare_data_loader
 
 from demo.sample_data import build_sample_dataset
-from trainer.job.flags import UsageError, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import UsageError
 from trainer.worker.model import build_trainer
 
 ROWS, GLOBAL_BATCH, WORKERS, MICRO_CAP = 45, 8, 2, 2

@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer import vision_train
-from trainer.job.flags import TrainArguments, UsageError, column_mapping, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flag_values import column_mapping
+from trainer.job.flags import TrainArguments, UsageError
 from trainer.job.storage import run_root
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,7 @@ import pytest
 from demo.sample_data import build_sample_dataset
 from tests.trainer.job.test_checkpoint_check import register, write_checkpoint
 from trainer.job import run_definition, runs
-from trainer.job.flags import parse_args
+from trainer.job.arguments import parse_args
 from trainer.job.runs import plan_run
 from trainer.job.storage import storage_for
 

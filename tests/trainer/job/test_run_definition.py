@@ -17,7 +17,8 @@ from demo.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.job.test_checkpoint_check import register, write_checkpoint
 from trainer.job import run_definition, runs
-from trainer.job.flags import RESTART_FREE, TrainArguments, UsageError, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import RESTART_FREE, TrainArguments, UsageError
 from trainer.job.runs import plan_run
 from trainer.job.storage import Storage, storage_for
 from trainer.worker.resume import current_flags_callback

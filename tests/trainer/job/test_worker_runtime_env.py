@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.job.flags import UsageError, extra_pip, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flag_values import extra_pip
+from trainer.job.flags import UsageError
 from trainer.job.worker_runtime_env import pinned_packages, worker_runtime_env
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from demo.sample_data import build_sample_dataset
-from trainer.job.flags import parse_args
+from trainer.job.arguments import parse_args
 from trainer.speed import step_levers
 from trainer.worker.model import build_trainer, load_model
 

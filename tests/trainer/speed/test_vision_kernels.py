@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from peft import get_peft_model
 
-from trainer.job.flags import parse_args
+from trainer.job.arguments import parse_args
 from trainer.speed import capability, fa4_attention, frozen_norm, speed_levers, vision_attention
 from trainer.worker.model import load_model, lora_config
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from peft import get_peft_model
 
-from trainer.job.flags import parse_args
+from trainer.job.arguments import parse_args
 from trainer.worker.model import load_model, lora_config
 
 CPU = ["--use_gpu=false", "--quantization=none"]

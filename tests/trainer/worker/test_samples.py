@@ -14,7 +14,8 @@ from PIL import Image
 
 from demo.sample_data import build_sample_dataset
 from trainer.data.dataset import decode_image, image_bytes
-from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, parse_args
+from trainer.job.arguments import parse_args
+from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD
 from trainer.worker import samples
 from trainer.worker.model import build_trainer, load_model
 

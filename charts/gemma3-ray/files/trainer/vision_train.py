@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from trainer.job import run_definition, run_report, shard_manifest, startup_timing, stored
+from trainer.job.arguments import parse_args
 from trainer.job.dataset_check import check_dataset_before_download
 from trainer.job.elastic import describe, ray_num_workers, run_shapes
 from trainer.job.epochs import check_known_rows
-from trainer.job.flags import UsageError, extra_pip, parse_args
+from trainer.job.flag_values import extra_pip
+from trainer.job.flags import UsageError
 from trainer.job.runs import CHECKPOINTS_DIR, SUMMARY, SUMMARY_FILE, USAGE_ERROR_FILE, plan_run, set_aside
 from trainer.job.storage import storage_for
 from trainer.job.torch_backend import TorchBackendConfig

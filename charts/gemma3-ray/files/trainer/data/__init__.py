@@ -2,8 +2,9 @@
 
 Owns: loading a dataset and its images, the bad-row scan, the eval split and the collator (``dataset``);
 the scan kept with the run (``scan_store``); a row as token ids (``encoding``); each epoch's order of
-rows (``sampler``); the streaming path: shards read by Ray Data, its CPU stage, each worker's split, the
-stream's state in checkpoints (``streaming``).
+rows (``sampler``); the streaming path: what a run streams and the stream's state in checkpoints
+(``stream_plan``), the Ray Data CPU stage that checks, decodes and tokenises rows (``stream_rows``), each
+worker's split and the Trainer's dataloader (``streaming``).
 
 May import: job.
 """

@@ -19,7 +19,8 @@ from trainer.data.encoding import LABEL_IGNORE, SampleEncoder
 from trainer.data.scan_store import ScanGroup, scan_key, shared_scan
 from trainer.job.dataset_check import DATA_SUFFIXES, check_schema, data_files, gcs, is_file_source
 from trainer.job.epochs import rows_per_epoch
-from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError, column_mapping
+from trainer.job.flag_values import column_mapping
+from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError
 from trainer.job.node_cache import copy_data_files, node_lock, read_object
 from trainer.job.storage import cache_root, filesystem
 

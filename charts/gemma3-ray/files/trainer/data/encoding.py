@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.job.flags import ANSWER_FIELD, TrainArguments, UsageError, prompt_fields
+from trainer.job.flag_values import prompt_fields
+from trainer.job.flags import ANSWER_FIELD, TrainArguments, UsageError
 
 LABEL_IGNORE = -100
 # GPU micro-batches are padded to a multiple of this many tokens (2% more tokens on average, steadier steps).

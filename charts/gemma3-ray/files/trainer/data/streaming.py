@@ -24,273 +24,18 @@ copied to a node whole.
 
 from __future__ import annotations
 
-import base64
-import json
-import math
-import random
 import time
-import uuid
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments
-from trainer.job.shard_manifest import ROW_ID, ShardSet
-
-SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
-STATE_FILE = "stream_state.json"  # in each checkpoint: the epoch and the rows it has trained
-STAGE_BATCH_ROWS = 16
-# A shard read waits on the network more than it computes: a quarter CPU each, so reads still run where the
-# training workers and the CPU stage hold every whole CPU.
-READ_CPUS = 0.25
-SHUFFLE_RULE = ("each epoch: the shards in an order seeded by seed and the epoch, then each worker's rows through "
-                "a shuffle window of {window} rows seeded by seed, the epoch and the rank")
-NO_SHUFFLE_RULE = "none (streaming_shuffle_window=0): the manifest's order of shards and rows"
-RESUME_RULE = ("a restart resumes the newest checkpoint's epoch without the rows that epoch had trained "
-               "(stream_state.json in the checkpoint): no row is trained twice or left out by the restart; the "
-               "order of the rest differs from an uninterrupted run")
-
-
-# ----------------------------------------------------------------------------------------------
-# What a run streams: the checked shards, which rows are held out, how many epochs.
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StreamPlan:
-    shards: ShardSet
-    eval_rows: int  # the last eval_rows rows of the manifest's order are the eval split
-    global_batch: int
-    seed: int
-    window: int
-    epochs: int  # how many epochs the stream holds (the Trainer stops at max_steps)
-
-    @property
-    def first_eval_row(self) -> int:
-        return self.shards.rows - self.eval_rows
-
-    @property
-    def train_rows(self) -> int:
-        return self.first_eval_row
-
-    def train_shards(self) -> list:
-        return [s for s in self.shards.shards if s.first_row < self.first_eval_row]
-
-    def eval_shards(self) -> list:
-        return [s for s in self.shards.shards if s.first_row + s.rows > self.first_eval_row]
-
-    def steps_per_epoch(self) -> int:
-        """Steps an epoch of good rows trains (fewer when rows turn out bad or a worker's remainder is left out)."""
-        return self.train_rows // self.global_batch
-
-    def shard_order(self, epoch: int) -> list:
-        shards = self.train_shards()
-        if self.window:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(shards)
-        return shards
-
-    def shuffle_rule(self) -> str:
-        return SHUFFLE_RULE.format(window=self.window) if self.window else NO_SHUFFLE_RULE
-
-
-def plan_stream(args: TrainArguments, shards: ShardSet) -> StreamPlan:
-    eval_rows = math.ceil(shards.rows * args.eval_fraction) if args.eval_fraction > 0 else 0
-    plan = StreamPlan(shards, eval_rows, args.global_batch_size, args.seed, args.streaming_shuffle_window, 1)
-    epochs = math.ceil(args.max_steps / max(plan.steps_per_epoch(), 1)) + 1 if args.max_steps > 0 else \
-        math.ceil(args.num_train_epochs)
-    return StreamPlan(shards, eval_rows, args.global_batch_size, args.seed, args.streaming_shuffle_window, epochs)
-
-
-def max_steps(args: TrainArguments, plan: StreamPlan) -> int:
-    """The Trainer's max_steps: the flag's, else the epochs' steps as the manifest's rows give them."""
-    return args.max_steps if args.max_steps > 0 else max(1, math.ceil(args.num_train_epochs * plan.steps_per_epoch()))
-
-
-# ----------------------------------------------------------------------------------------------
-# Row ids as a compact bitmap (what a checkpoint keeps of the epoch's trained rows).
-# ----------------------------------------------------------------------------------------------
-def pack_rows(rows: set[int], total: int) -> str:
-    bits = bytearray((total + 7) // 8)
-    for r in rows:
-        bits[r >> 3] |= 1 << (r & 7)
-    return base64.b64encode(zlib.compress(bytes(bits), 6)).decode()
-
-
-def unpack_rows(packed: str) -> set[int]:
-    bits = zlib.decompress(base64.b64decode(packed))
-    return {i * 8 + b for i, byte in enumerate(bits) if byte for b in range(8) if byte >> b & 1}
-
-
-# ----------------------------------------------------------------------------------------------
-# The Ray Data CPU stage: check, tokenise, decode and process each row; drop and record the bad ones.
-# ----------------------------------------------------------------------------------------------
-def _canonical(raw: dict[str, Any], mapping: dict[str, str], shard_format: str, image_column: str) -> dict[str, Any]:
-    """A shard's row as the job's fields (image, answer, the prompt's placeholders) plus its row id."""
-    if shard_format == "webdataset":
-        meta = json.loads(raw.get("json") or b"{}")
-        data = next((raw[k] for k in raw if k not in ("json", "__key__", "__url__") and raw.get(k)), None)
-        meta[image_column] = {"bytes": data, "path": meta.get(f"{image_column}_path")}
-        raw = meta
-    row = {f: raw.get(c) for f, c in mapping.items()}
-    row[ROW_ID] = int(raw[ROW_ID])
-    return row
-
-
-def check_row(row: dict[str, Any], encoder, max_seq_length: int):
-    """(problem, None) for a bad row, with the scan's reasons in the scan's order; else (None, (ids, labels,
-    RGB image))."""
-    from trainer.data.dataset import BadImage, decode_image, image_bytes
-
-    answer = row.get(ANSWER_FIELD)
-    if not isinstance(answer, str) or not answer.strip():
-        return "empty_answer", None
-    for f in encoder.fields:
-        if row.get(f) is None or (isinstance(row[f], str) and not row[f].strip()):
-            return "empty_prompt_field", None
-    if encoder.image_marker_in(row):
-        return "image_token_in_text", None
-    data = image_bytes(row.get(IMAGE_FIELD), ".", None)
-    if data is None:
-        return "missing_image", None
-    try:
-        image = decode_image(data)
-    except BadImage as e:
-        return e.reason, None
-    ids, labels = encoder.encode(row)
-    if len(ids) > max_seq_length:
-        return "too_long", None
-    return None, (ids, labels, image)
-
-
-class RowStage:
-    """The Ray Data stage (an actor per CPU): shard rows in, training rows out (`_row`, `input_ids`, `labels`,
-    `pixel_values` as float32 bytes and their shape). Bad rows are dropped and written to the run's
-    SKIPPED_DIR with their reason; under bad_rows=fail the first one stops the stream with `row N: reason`."""
-
-    def __init__(self, processor, args: dict[str, Any], mapping: dict[str, str], shard_format: str, image_column: str,
-                 storage: dict[str, Any], epoch: int, first_eval_row: int, exclude: str | None):
-        from trainer.data.encoding import SampleEncoder
-        from trainer.job.storage import Storage
-
-        self.args = TrainArguments(**args)
-        self.encoder = SampleEncoder(processor, self.args)
-        self.processor, self.mapping, self.shard_format, self.image_column = processor, mapping, shard_format, image_column
-        self.storage, self.epoch, self.first_eval_row = Storage(**storage), epoch, first_eval_row
-        self.exclude = unpack_rows(exclude) if exclude else set()
-
-    def __call__(self, batch) -> Any:
-        import numpy as np
-        import pyarrow as pa
-
-        rows = batch.to_pylist() if hasattr(batch, "to_pylist") else batch
-        good, bad = [], []
-        for raw in rows:
-            row = _canonical(raw, self.mapping, self.shard_format, self.image_column)
-            if row[ROW_ID] >= self.first_eval_row or row[ROW_ID] in self.exclude:
-                continue
-            problem, done = check_row(row, self.encoder, self.args.max_seq_length)
-            if problem:
-                if self.args.bad_rows == "fail":
-                    hint = " (raise --max_seq_length)" if problem == "too_long" else ""
-                    raise ValueError(f"{BAD_ROW_MARK}row {row[ROW_ID]}: {problem}{hint}; --bad_rows=skip would skip "
-                                     f"such rows{BAD_ROW_MARK}")
-                bad.append({"row": row[ROW_ID], "reason": problem, "epoch": self.epoch})
-            else:
-                good.append((row[ROW_ID], *done))
-        if bad:
-            self.storage.write_bytes(f"{SKIPPED_DIR}/e{self.epoch:04d}-{uuid.uuid4().hex}.jsonl",
-                                     "".join(json.dumps(b) + "\n" for b in bad).encode())
-        pixels = (self.processor.image_processor(images=[g[3] for g in good], return_tensors="np")["pixel_values"]
-                  if good else np.zeros((0, 1, 1, 1), dtype=np.float32))
-        pixels = np.ascontiguousarray(pixels, dtype=np.float32)
-        return pa.table({
-            ROW_ID: pa.array([g[0] for g in good], pa.int64()),
-            "input_ids": pa.array([g[1] for g in good], pa.list_(pa.int64())),
-            "labels": pa.array([g[2] for g in good], pa.list_(pa.int64())),
-            "pixel_values": pa.array([p.tobytes() for p in pixels], pa.large_binary()),
-            "pixel_shape": pa.array([list(p.shape) for p in pixels], pa.list_(pa.int64())),
-        })
-
-
-BAD_ROW_MARK = "\x1ebad_rows=fail\x1e"  # brackets the one sentence a bad_rows=fail stop carries through Ray Data
-
-
-def bad_row_stop(error: BaseException) -> str | None:
-    """The `row N: reason` sentence of a bad_rows=fail stop inside a Ray Data error, or None."""
-    text = str(error)
-    if BAD_ROW_MARK in text:
-        return text.split(BAD_ROW_MARK)[1]
-    return None
-
-
-def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments, mapping: dict[str, str],
-                  storage, exclude: set[int], decoders: int, node_ids: list[str] | None = None):
-    """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order. With `node_ids`, the
-    CPU stage's actors run only on those nodes (the training workers': their image has the trainer's packages,
-    a stock Ray head has not); the reads run anywhere (pyarrow, which Ray Data brings)."""
-    import ray.data
-
-    from trainer.job.storage import filesystem
-
-    shards = plan.shard_order(epoch)
-    fs, _ = filesystem(shards[0].uri, storage.emulator_host)
-    paths = [filesystem(s.uri, storage.emulator_host)[1] for s in shards]
-    if plan.shards.shard_format == "webdataset":
-        ds = ray.data.read_webdataset(paths, filesystem=fs, decoder=None, override_num_blocks=len(paths),
-                                      num_cpus=READ_CPUS)
-    else:
-        columns = sorted({*mapping.values(), ROW_ID})
-        ds = ray.data.read_parquet(paths, filesystem=fs, override_num_blocks=len(paths),
-                                   num_cpus=READ_CPUS).select_columns(columns)
-    from dataclasses import asdict
-
-    placement = {"label_selector": {"ray.io/node-id": f"in({','.join(sorted(set(node_ids)))})"}} if node_ids else {}
-    return ds.map_batches(
-        RowStage, batch_format="pyarrow", batch_size=STAGE_BATCH_ROWS, num_cpus=1, concurrency=decoders, **placement,
-        fn_constructor_kwargs={"processor": processor, "args": asdict(args), "mapping": mapping,
-                               "shard_format": plan.shards.shard_format, "image_column": plan.shards.image_column,
-                               "storage": asdict(storage), "epoch": epoch, "first_eval_row": plan.first_eval_row,
-                               "exclude": pack_rows(exclude, plan.shards.rows) if exclude else None})
-
-
-def configure_data_context(object_store_bytes: int | None) -> None:
-    """Ray Data's limits for this process's datasets: the order kept (reproducible on one worker) and the
-    object store memory the streaming executor may hold (the rest waits: bounded memory, no spill)."""
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
-    if object_store_bytes:
-        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
-            object_store_memory=object_store_bytes)
-
+from trainer.data.stream_plan import RESUME_RULE, STATE_FILE, StreamPlan, StreamState, plan_stream
+from trainer.data.stream_rows import canonical_row, check_row, configure_data_context, epoch_dataset
+from trainer.job.flags import TrainArguments
+from trainer.job.shard_manifest import ROW_ID
 
 # ----------------------------------------------------------------------------------------------
 # The worker side: the Trainer's train dataloader.
 # ----------------------------------------------------------------------------------------------
-@dataclass
-class StreamState:
-    """Where the stream is: the epoch, the step it began at, and the rows this rank trained in it."""
-
-    epoch: int = 0
-    epoch_start_step: int = 0
-    rows: set[int] = field(default_factory=set)  # this rank's rows of the epoch (all ranks' after a resume)
-    resumed_rows: int = 0
-
-    def to_json(self, all_rows: set[int], total: int, step: int) -> bytes:
-        return json.dumps({"format": 1, "epoch": self.epoch, "epoch_start_step": self.epoch_start_step,
-                           "step": step, "rows_trained": len(all_rows), "rows": pack_rows(all_rows, total)}).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes | None) -> StreamState | None:
-        if not raw:
-            return None
-        try:
-            obj = json.loads(raw)
-            rows = unpack_rows(obj["rows"])
-            return cls(int(obj["epoch"]), int(obj["epoch_start_step"]), rows, len(rows))
-        except (ValueError, KeyError, TypeError, zlib.error):
-            return None
-
 
 class StreamingBatches:
     """The micro-batches of this rank, epoch after epoch: a group of `accumulation` micro-batches per optimizer
@@ -438,7 +183,7 @@ def read_eval_rows(plan: StreamPlan, mapping: dict[str, str], storage, encoder, 
 
             raws = pq.read_table(io.BytesIO(data), columns=sorted({*mapping.values(), ROW_ID})).to_pylist()
         for raw in raws:
-            row = _canonical(raw, mapping, plan.shards.shard_format, plan.shards.image_column)
+            row = canonical_row(raw, mapping, plan.shards.shard_format, plan.shards.image_column)
             if row[ROW_ID] < plan.first_eval_row:
                 continue
             problem, _ = check_row(row, encoder, max_seq_length)
@@ -448,21 +193,6 @@ def read_eval_rows(plan: StreamPlan, mapping: dict[str, str], storage, encoder, 
                 good.append(row)
     return sorted(good, key=lambda r: r[ROW_ID]), bad
 
-
-def skipped_rows(storage) -> dict[str, list[int]]:
-    """{reason: row ids} of every row the CPU stages dropped in this run (each row once per reason)."""
-    import pyarrow.fs as pafs
-
-    fs, base = storage.fs()
-    found: dict[str, set[int]] = {}
-    for info in fs.get_file_info(pafs.FileSelector(f"{base}/{SKIPPED_DIR}", allow_not_found=True)):
-        if info.type != pafs.FileType.File:
-            continue
-        with fs.open_input_stream(info.path) as src:
-            for line in src.read().decode().splitlines():
-                rec = json.loads(line)
-                found.setdefault(rec["reason"], set()).add(int(rec["row"]))
-    return {reason: sorted(rows) for reason, rows in sorted(found.items())}
 
 
 @dataclass
@@ -489,7 +219,7 @@ def prepare_stream(args: TrainArguments, processor, setup: StreamSetup, micro_ba
     Trainer callback, the plan): the streaming path's counterpart of dataset.prepare_data, without a scan."""
     from trainer.data.dataset import Collator
     from trainer.data.encoding import SampleEncoder
-    from trainer.job.flags import column_mapping
+    from trainer.job.flag_values import column_mapping
     from trainer.job.shard_manifest import from_config
 
     mapping = column_mapping(args)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.job.flags import TrainArguments, UsageError, column_mapping
+from trainer.job.flag_values import column_mapping
+from trainer.job.flags import TrainArguments, UsageError
 from trainer.job.node_cache import copy_data_files, per_process
 from trainer.job.storage import cache_root, filesystem
 

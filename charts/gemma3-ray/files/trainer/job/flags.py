@@ -1,23 +1,15 @@
-"""The job's flags: the dataclass, the recipe defaults and the checks, in one place.
+"""The job's flags, declared: names, defaults, help and ranges on the dataclass, and the recipes.
 
-Names, defaults and help live on the dataclass; the recipes fill the speed flags left unset; the checks
-reject bad combinations before anything starts.
+What each flag is lives here; reading them from the command line and checking them together is
+``arguments``; the JSON- and template-valued flags read into what the job uses are ``flag_values``.
+Standard library only: the driver on the Ray head imports it.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import difflib
-import json
 import os
 import posixpath
 import re
-import string
-import sys
-import types
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -244,42 +236,6 @@ RETIRED = {
 }
 
 
-# Combinations no flag's own range can catch: (is it wrong?, the fix). Messages format with `a` = the args.
-CONFLICTS: list[tuple[Callable[[TrainArguments], Any], str]] = [
-    (lambda a: a.max_steps <= 0 and a.num_train_epochs <= 0, "set max_steps > 0 or num_train_epochs > 0"),
-    (lambda a: a.min_workers is not None and a.min_workers > a.num_workers,
-     "min_workers={a.min_workers} exceeds num_workers={a.num_workers}: lower min_workers (num_workers is the most "
-     "the job uses)"),
-    (lambda a: a.accelerator_type and not a.use_gpu,
-     "accelerator_type needs --use_gpu=true (CPU workers have no accelerator)"),
-    (lambda a: a.freeze_vision and a.lora_target == "all-linear",
-     "freeze_vision=true leaves the vision tower without LoRA: set --lora_target=language-model"),
-    (lambda a: a.merge_adapter and a.quantization == "4bit",
-     "merge_adapter=true cannot merge into a 4-bit base (lossy); train with --quantization=none, "
-     "or merge the adapter in final/ offline onto the bf16 base"),
-    (lambda a: a.hub_model_id and not a.push_to_hub,
-     "hub_model_id is set but push_to_hub=false: add --push_to_hub=true or drop hub_model_id"),
-    (lambda a: a.push_to_hub and not os.environ.get("HF_TOKEN"),
-     "push_to_hub=true needs the HF_TOKEN environment variable (a write token)"),
-    (lambda a: a.gcs_bucket and ("/" in a.gcs_bucket or a.gcs_bucket.startswith("gs:")),
-     "gcs_bucket is a bucket name without gs:// or a path (use storage_path for prefixes)"),
-    (lambda a: a.gcs_bucket and a.storage_path and not (a.storage_path == f"gs://{a.gcs_bucket}"
-                                                        or a.storage_path.startswith(f"gs://{a.gcs_bucket}/")),
-     "gcs_bucket={a.gcs_bucket} disagrees with storage_path={a.storage_path}; set only one"),
-    (lambda a: a.run_name is not None and not RUN_NAME_PATTERN.fullmatch(a.run_name),
-     "run_name={a.run_name!r}: use letters, digits, '.', '_' and '-' (at most 100, no '/'), "
-     "e.g. --run_name=r3-20260101-120000"),
-    (lambda a: a.resume_from and not is_checkpoint_path(a.resume_from) and not RUN_NAME_PATTERN.fullmatch(a.resume_from),
-     "resume_from={a.resume_from!r} is neither a run name nor a gs:// or local checkpoint path"),
-    (lambda a: a.streaming and not a.dataset_name.startswith(("gs://", "/", ".")) and not os.path.isdir(a.dataset_name),
-     "streaming=true reads shards: set dataset_name to their gs:// prefix (write them with `gemma3-ray data shard "
-     "{a.dataset_name} --to gs://BUCKET/PREFIX --apply`)"),
-    (lambda a: a.installer == "none" and a.extra_pip.strip() not in ("", "[]"),
-     "extra_pip={a.extra_pip} needs --installer=uv or pip (with installer none the workers install nothing)"),
-    (lambda a: a.resume_from and a.resume_from == a.run_name,
-     "resume_from={a.resume_from!r} names this run itself; a restart of a run resumes its own checkpoints without it"),
-]
-
 
 def is_checkpoint_path(value: str) -> bool:
     """A resume_from value that is a path (gs://, absolute, relative with a '/'), not a run name."""
@@ -302,76 +258,6 @@ def canonical_path(name: str, value: str | None) -> str | None:
     return value.rstrip("/") or value
 
 
-# ----------------------------------------------------------------------------------------------
-# Parsing: `--name=value` (or `--name value`); booleans true|false; unknown names get the closest one.
-# ----------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise UsageError(message)
-
-
-def _to_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _annotation(hint: Any) -> Any:
-    """`X | None` -> X."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return hint
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vision_train.py", allow_abbrev=False,
-                     description="Fine-tune Gemma 3 on image-text pairs with Ray Train, TRL and PEFT (trainer/README.md).")
-    hints = typing.get_type_hints(TrainArguments, globalns=globals())  # also when loaded under another name
-    for f in dataclasses.fields(TrainArguments):
-        kind = _annotation(hints[f.name])
-        help_text = f.metadata["help"].replace("%", "%%")
-        if f.default not in (None, "") and "default" not in help_text and "\n" not in str(f.default):
-            help_text += f" (default: {str(f.default).lower() if isinstance(f.default, bool) else f.default})"
-        kwargs: dict[str, Any] = {"default": f.default, "help": help_text}
-        if kind is bool:
-            kwargs.update(type=_to_bool, nargs="?", const=True, metavar="true|false")
-        elif typing.get_origin(kind) is Literal:
-            kwargs.update(choices=list(typing.get_args(kind)))
-        else:
-            kwargs["type"] = kind
-        parser.add_argument(f"--{f.name}", **kwargs)
-    return parser
-
-
-def parse_args(argv: list[str] | None = None) -> TrainArguments:
-    """Parse the flags, fill the unset ones from the recipe, and check them all at once."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    known = {f.name for f in dataclasses.fields(TrainArguments)}
-    unknown = []
-    for item in argv:
-        if item.startswith("--"):
-            name = item[2:].split("=", 1)[0]
-            if name not in known and name not in ("help", "h"):
-                hint = difflib.get_close_matches(name, known, n=1)
-                unknown.append(f"--{name}" + (f" (did you mean --{hint[0]}?)" if hint else ""))
-    retired = [f"--{name}: {why}" for name, why in RETIRED.items() if any(a.startswith(f"--{name}") for a in argv)]
-    if retired:
-        raise UsageError("retired flag(s): " + "; ".join(retired))
-    if unknown:
-        raise UsageError(f"unknown flag(s): {', '.join(unknown)}. Known flags: see trainer/README.md.")
-    args = TrainArguments(**vars(build_parser().parse_args(argv)))
-    apply_recipe(args)
-    validate_args(args)
-    for name in PATH_FLAGS:
-        setattr(args, name, canonical_path(name, getattr(args, name)))
-    return args
-
-
 def apply_recipe(args: TrainArguments) -> None:
     """Every speed/memory flag left unset takes its recipe's value (its CPU value on CPU workers)."""
     column = RECIPE_COLUMNS.index(args.recipe)
@@ -389,81 +275,3 @@ def range_text(rules: dict[str, Any]) -> str | None:
     text = f"in [{low}, {below})" if low is not None and below is not None else (
         f"> {above}" if above is not None else f">= {low}")
     return f"{off} or {text}" if off is not None else text
-
-
-def _range_problem(name: str, value: Any, rules: dict[str, Any]) -> str | None:
-    low, above, below, off = rules.get("min"), rules.get("above"), rules.get("below"), rules.get("off")
-    if value is None or (low is None and above is None) or (off is not None and value == off):
-        return None
-    ok = (low is None or value >= low) and (above is None or value > above) and (below is None or value < below)
-    return None if ok else f"{name} must be {range_text(rules)}"
-
-
-def validate_args(args: TrainArguments) -> None:
-    """Reject out-of-range values and contradictory flags, all at once, each with its fix."""
-    errors = []
-    for f in dataclasses.fields(TrainArguments):
-        value = getattr(args, f.name)
-        problem = _range_problem(f.name, value, dict(f.metadata))
-        if problem:
-            errors.append(problem)
-        if not args.use_gpu and f.name in GPU_ONLY and value == GPU_ONLY[f.name][0]:
-            text = str(value).lower() if isinstance(value, bool) else value
-            errors.append(f"{f.name}={text} needs GPUs ({GPU_ONLY[f.name][1]})")
-    errors += [message.format(a=args) for wrong, message in CONFLICTS if wrong(args)]
-    for check in (column_mapping, extra_pip):
-        try:
-            check(args)
-        except UsageError as e:
-            errors.append(str(e))
-    if errors:
-        raise UsageError("invalid flags:\n  - " + "\n  - ".join(errors))
-
-
-# ----------------------------------------------------------------------------------------------
-# The fields a row must have: image, answer, and the prompt template's placeholders.
-# ----------------------------------------------------------------------------------------------
-def prompt_fields(template: str) -> list[str]:
-    """The `{placeholder}` names of a prompt template, in order, each once."""
-    names: list[str] = []
-    for _, name, _, _ in string.Formatter().parse(template):
-        if name is not None and name not in names:
-            if not name.isidentifier():
-                raise UsageError(
-                    f"prompt_template: placeholder {{{name}}} is not a plain field name; use names like "
-                    "{product} and map them with column_mapping."
-                )
-            names.append(name)
-    return names
-
-
-def column_mapping(args: TrainArguments) -> dict[str, str]:
-    """Field -> dataset column, for every field the job reads."""
-    try:
-        overrides = json.loads(args.column_mapping or "{}")
-    except json.JSONDecodeError as e:
-        raise UsageError(f'column_mapping: not JSON ({e}); example: --column_mapping={{"image":"img"}}') from e
-    if not isinstance(overrides, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in overrides.items()
-    ):
-        raise UsageError('column_mapping: must be a JSON object of strings, e.g. {"answer":"caption"}')
-    fields = [IMAGE_FIELD, ANSWER_FIELD, *prompt_fields(args.prompt_template)]
-    stray = sorted(set(overrides) - set(fields))
-    if stray:
-        raise UsageError(
-            f"column_mapping: unknown field(s) {stray}; the fields are {fields} "
-            "(image, answer and the prompt_template placeholders)."
-        )
-    merged = {**DEFAULT_COLUMN_MAPPING, **overrides}
-    return {f: merged.get(f, f) for f in fields}
-
-
-def extra_pip(args: TrainArguments) -> list[str]:
-    """The extra pip requirements of the workers (--extra_pip)."""
-    try:
-        value = json.loads(args.extra_pip or "[]")
-    except json.JSONDecodeError as e:
-        raise UsageError(f'extra_pip: not JSON ({e}); example: --extra_pip=["wandb==0.19.0"]') from e
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise UsageError('extra_pip: must be a JSON list of requirement strings, e.g. ["wandb==0.19.0"]')
-    return value

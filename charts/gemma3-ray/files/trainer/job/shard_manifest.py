@@ -198,7 +198,8 @@ def from_config(obj: dict[str, Any]) -> ShardSet:
 
 def check_for_run(args) -> ShardSet:
     """The run's streaming dataset (`dataset_name`), checked as a whole on the head; UsageError otherwise."""
-    from trainer.job.flags import UsageError, column_mapping
+    from trainer.job.flag_values import column_mapping
+    from trainer.job.flags import UsageError
     from trainer.job.storage import filesystem, storage_at
 
     root = args.dataset_name.rstrip("/")

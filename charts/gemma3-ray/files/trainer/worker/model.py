@@ -194,7 +194,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
         loading = pool.submit(_load_model_on, args, model_dir, device, _current_cuda_index(device))
         with startup_timing.phase(startup_timing.DATA):
             if stream is not None:  # the streaming path (trainer.data.streaming): no copy, no scan
-                from trainer.data import streaming
+                from trainer.data import stream_plan, streaming
 
                 batches, evaluation, collator, stats, stream_callback, plan = streaming.prepare_stream(
                     args, processor, stream, batch.micro_batch, batch.accumulation)
@@ -223,7 +223,7 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
         trainer_cls = streaming.streaming_trainer(SFTTrainer, batches)  # each row once per epoch, streamed
         train = datasets.Dataset.from_list([{k: None for k in evaluation.column_names}] if evaluation is not None
                                            else [{"image": None}])  # TRL's vision check only: never trained
-        steps = streaming.max_steps(args, plan)
+        steps = stream_plan.max_steps(args, plan)
     else:
         trainer_cls, steps = whole_batches(SFTTrainer, batch.global_batch), None  # each row once per epoch
     trainer = token_mean_eval(trainer_cls)(

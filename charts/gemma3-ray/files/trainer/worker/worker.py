@@ -125,7 +125,7 @@ def train(config: dict[str, Any]) -> None:
         try:
             result = trainer.train(resume_from_checkpoint=resume.directory)
         except Exception as e:  # bad_rows=fail met a bad row in the stream: one sentence, no retry, no traceback
-            from trainer.data.streaming import bad_row_stop
+            from trainer.data.stream_rows import bad_row_stop
 
             sentence = bad_row_stop(e)
             if sentence is None:
@@ -168,7 +168,8 @@ def stream_setup(config: dict[str, Any], storage: Storage, resume, rank: int, wo
     collectives, and where the newest checkpoint's stream state says to go on."""
     from ray.train.collective import broadcast_from_rank_zero
 
-    from trainer.data.streaming import STATE_FILE, StreamSetup, StreamState
+    from trainer.data.stream_plan import STATE_FILE, StreamState
+    from trainer.data.streaming import StreamSetup
     from trainer.worker.metrics import gather
 
     args = TrainArguments(**config["args"])
@@ -192,9 +193,10 @@ def stream_summary(trainer, storage: Storage, stats: dict[str, Any], args: Train
     """Rank 0 at the end of a streamed run: the rows its CPU stages skipped (counted by reason, with row ids, as the
     scan counts them) into the stats, and the stream's section of summary.json, also logged."""
     from trainer.data import streaming
+    from trainer.data.stream_rows import skipped_rows
 
     batches, plan = trainer.stream
-    skipped = streaming.skipped_rows(storage)
+    skipped = skipped_rows(storage)
     for row, reason in (stats.pop("eval_skipped", None) or {}).items():
         skipped.setdefault(reason, []).append(row)
     stats["skipped_rows"], stats["skipped_row_ids"] = count_by_reason(skipped), some_row_ids(skipped)

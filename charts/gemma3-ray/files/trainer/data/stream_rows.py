@@ -1,0 +1,182 @@
+"""The streaming path's Ray Data CPU stage: each row checked as the scan checks it, tokenised, its image decoded
+and processed; bad rows dropped and recorded with their row ids in the run (``SKIPPED_DIR``); the epoch's
+dataset (shards in the epoch's order, read, staged); the object store's bound. The streaming path as a whole:
+``trainer.data.streaming``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from trainer.data.stream_plan import StreamPlan, pack_rows, unpack_rows
+from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments
+from trainer.job.shard_manifest import ROW_ID
+
+SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
+STAGE_BATCH_ROWS = 16
+# A shard read waits on the network more than it computes: a quarter CPU each, so reads still run where the
+# training workers and the CPU stage hold every whole CPU.
+READ_CPUS = 0.25
+
+
+# ----------------------------------------------------------------------------------------------
+# The Ray Data CPU stage: check, tokenise, decode and process each row; drop and record the bad ones.
+# ----------------------------------------------------------------------------------------------
+def canonical_row(raw: dict[str, Any], mapping: dict[str, str], shard_format: str, image_column: str) -> dict[str, Any]:
+    """A shard's row as the job's fields (image, answer, the prompt's placeholders) plus its row id."""
+    if shard_format == "webdataset":
+        meta = json.loads(raw.get("json") or b"{}")
+        data = next((raw[k] for k in raw if k not in ("json", "__key__", "__url__") and raw.get(k)), None)
+        meta[image_column] = {"bytes": data, "path": meta.get(f"{image_column}_path")}
+        raw = meta
+    row = {f: raw.get(c) for f, c in mapping.items()}
+    row[ROW_ID] = int(raw[ROW_ID])
+    return row
+
+
+def check_row(row: dict[str, Any], encoder, max_seq_length: int):
+    """(problem, None) for a bad row, with the scan's reasons in the scan's order; else (None, (ids, labels,
+    RGB image))."""
+    from trainer.data.dataset import BadImage, decode_image, image_bytes
+
+    answer = row.get(ANSWER_FIELD)
+    if not isinstance(answer, str) or not answer.strip():
+        return "empty_answer", None
+    for f in encoder.fields:
+        if row.get(f) is None or (isinstance(row[f], str) and not row[f].strip()):
+            return "empty_prompt_field", None
+    if encoder.image_marker_in(row):
+        return "image_token_in_text", None
+    data = image_bytes(row.get(IMAGE_FIELD), ".", None)
+    if data is None:
+        return "missing_image", None
+    try:
+        image = decode_image(data)
+    except BadImage as e:
+        return e.reason, None
+    ids, labels = encoder.encode(row)
+    if len(ids) > max_seq_length:
+        return "too_long", None
+    return None, (ids, labels, image)
+
+
+class RowStage:
+    """The Ray Data stage (an actor per CPU): shard rows in, training rows out (`_row`, `input_ids`, `labels`,
+    `pixel_values` as float32 bytes and their shape). Bad rows are dropped and written to the run's
+    SKIPPED_DIR with their reason; under bad_rows=fail the first one stops the stream with `row N: reason`."""
+
+    def __init__(self, processor, args: dict[str, Any], mapping: dict[str, str], shard_format: str, image_column: str,
+                 storage: dict[str, Any], epoch: int, first_eval_row: int, exclude: str | None):
+        from trainer.data.encoding import SampleEncoder
+        from trainer.job.storage import Storage
+
+        self.args = TrainArguments(**args)
+        self.encoder = SampleEncoder(processor, self.args)
+        self.processor, self.mapping, self.shard_format, self.image_column = processor, mapping, shard_format, image_column
+        self.storage, self.epoch, self.first_eval_row = Storage(**storage), epoch, first_eval_row
+        self.exclude = unpack_rows(exclude) if exclude else set()
+
+    def __call__(self, batch) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        rows = batch.to_pylist() if hasattr(batch, "to_pylist") else batch
+        good, bad = [], []
+        for raw in rows:
+            row = canonical_row(raw, self.mapping, self.shard_format, self.image_column)
+            if row[ROW_ID] >= self.first_eval_row or row[ROW_ID] in self.exclude:
+                continue
+            problem, done = check_row(row, self.encoder, self.args.max_seq_length)
+            if problem:
+                if self.args.bad_rows == "fail":
+                    hint = " (raise --max_seq_length)" if problem == "too_long" else ""
+                    raise ValueError(f"{BAD_ROW_MARK}row {row[ROW_ID]}: {problem}{hint}; --bad_rows=skip would skip "
+                                     f"such rows{BAD_ROW_MARK}")
+                bad.append({"row": row[ROW_ID], "reason": problem, "epoch": self.epoch})
+            else:
+                good.append((row[ROW_ID], *done))
+        if bad:
+            self.storage.write_bytes(f"{SKIPPED_DIR}/e{self.epoch:04d}-{uuid.uuid4().hex}.jsonl",
+                                     "".join(json.dumps(b) + "\n" for b in bad).encode())
+        pixels = (self.processor.image_processor(images=[g[3] for g in good], return_tensors="np")["pixel_values"]
+                  if good else np.zeros((0, 1, 1, 1), dtype=np.float32))
+        pixels = np.ascontiguousarray(pixels, dtype=np.float32)
+        return pa.table({
+            ROW_ID: pa.array([g[0] for g in good], pa.int64()),
+            "input_ids": pa.array([g[1] for g in good], pa.list_(pa.int64())),
+            "labels": pa.array([g[2] for g in good], pa.list_(pa.int64())),
+            "pixel_values": pa.array([p.tobytes() for p in pixels], pa.large_binary()),
+            "pixel_shape": pa.array([list(p.shape) for p in pixels], pa.list_(pa.int64())),
+        })
+
+
+BAD_ROW_MARK = "\x1ebad_rows=fail\x1e"  # brackets the one sentence a bad_rows=fail stop carries through Ray Data
+
+
+def bad_row_stop(error: BaseException) -> str | None:
+    """The `row N: reason` sentence of a bad_rows=fail stop inside a Ray Data error, or None."""
+    text = str(error)
+    if BAD_ROW_MARK in text:
+        return text.split(BAD_ROW_MARK)[1]
+    return None
+
+
+def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments, mapping: dict[str, str],
+                  storage, exclude: set[int], decoders: int, node_ids: list[str] | None = None):
+    """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order. With `node_ids`, the
+    CPU stage's actors run only on those nodes (the training workers': their image has the trainer's packages,
+    a stock Ray head has not); the reads run anywhere (pyarrow, which Ray Data brings)."""
+    import ray.data
+
+    from trainer.job.storage import filesystem
+
+    shards = plan.shard_order(epoch)
+    fs, _ = filesystem(shards[0].uri, storage.emulator_host)
+    paths = [filesystem(s.uri, storage.emulator_host)[1] for s in shards]
+    if plan.shards.shard_format == "webdataset":
+        ds = ray.data.read_webdataset(paths, filesystem=fs, decoder=None, override_num_blocks=len(paths),
+                                      num_cpus=READ_CPUS)
+    else:
+        columns = sorted({*mapping.values(), ROW_ID})
+        ds = ray.data.read_parquet(paths, filesystem=fs, override_num_blocks=len(paths),
+                                   num_cpus=READ_CPUS).select_columns(columns)
+    from dataclasses import asdict
+
+    placement = {"label_selector": {"ray.io/node-id": f"in({','.join(sorted(set(node_ids)))})"}} if node_ids else {}
+    return ds.map_batches(
+        RowStage, batch_format="pyarrow", batch_size=STAGE_BATCH_ROWS, num_cpus=1, concurrency=decoders, **placement,
+        fn_constructor_kwargs={"processor": processor, "args": asdict(args), "mapping": mapping,
+                               "shard_format": plan.shards.shard_format, "image_column": plan.shards.image_column,
+                               "storage": asdict(storage), "epoch": epoch, "first_eval_row": plan.first_eval_row,
+                               "exclude": pack_rows(exclude, plan.shards.rows) if exclude else None})
+
+
+def configure_data_context(object_store_bytes: int | None) -> None:
+    """Ray Data's limits for this process's datasets: the order kept (reproducible on one worker) and the
+    object store memory the streaming executor may hold (the rest waits: bounded memory, no spill)."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = False
+    if object_store_bytes:
+        ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
+            object_store_memory=object_store_bytes)
+
+
+def skipped_rows(storage) -> dict[str, list[int]]:
+    """{reason: row ids} of every row the CPU stages dropped in this run (each row once per reason)."""
+    import pyarrow.fs as pafs
+
+    fs, base = storage.fs()
+    found: dict[str, set[int]] = {}
+    for info in fs.get_file_info(pafs.FileSelector(f"{base}/{SKIPPED_DIR}", allow_not_found=True)):
+        if info.type != pafs.FileType.File:
+            continue
+        with fs.open_input_stream(info.path) as src:
+            for line in src.read().decode().splitlines():
+                rec = json.loads(line)
+                found.setdefault(rec["reason"], set()).add(int(rec["row"]))
+    return {reason: sorted(rows) for reason, rows in sorted(found.items())}

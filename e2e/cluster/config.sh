@@ -47,7 +47,7 @@ EOF
 write_registry_hosts() {
   local r
   rm -rf "$DIR/containerd/certs.d"; mkdir -p "$DIR/containerd/certs.d"
-  for r in ${E2E_REGISTRY//,/ }; do
+  for r in ${E2E_REGISTRY:+${E2E_REGISTRY//,/ }}; do
     mkdir -p "$DIR/containerd/certs.d/$r"
     printf 'server = "http://%s"\n\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' "$r" "$r" \
       > "$DIR/containerd/certs.d/$r/hosts.toml"

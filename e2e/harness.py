@@ -101,7 +101,6 @@ class Harness:
     # what the cluster lacks, for stage_table's `requires` (a preflight fills it): "kueue" -> why not
     missing: dict[str, str] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)  # other facts one stage hands the next
-    cluster_scoped: list[tuple[str, str]] = field(default_factory=list)  # (kind, name) this run created
 
     # ------------------------------------------------------------------ namespaces and releases
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
@@ -198,11 +197,6 @@ class Harness:
             proc = self.kube.k("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
             if proc.returncode != 0 and "NotFound" not in proc.stderr:
                 problems.append(f"kubectl delete namespace {ns}: {proc.stderr.strip()[-200:]}")
-        for kind, name in reversed(self.cluster_scoped):
-            proc = self.kube.k("delete", kind, name, "--ignore-not-found", "--wait=true", "--timeout=60s", check=False,
-                               timeout=90)
-            if proc.returncode != 0:
-                problems.append(f"kubectl delete {kind} {name}: {proc.stderr.strip()[-200:]}")
         return problems
 
 

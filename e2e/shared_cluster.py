@@ -26,25 +26,14 @@ def _overlay(h: Harness) -> Path:
     return path
 
 
-CLUSTER_KINDS = ("resourceflavors", "workloadpriorityclasses", "clusterqueues")
-
-
-def _cluster_objects(h: Harness) -> set[tuple[str, str]]:
-    return {(kind, o["metadata"]["name"]) for kind in CLUSTER_KINDS for o in h.kube.items(kind, None)}
-
-
 def _kueue_setup(h: Harness, ns: str, values: list[Path], apply: bool = True, check: bool = True):
-    """`gemma3-ray kueue setup`; the cluster-scoped objects it made are this run's to delete at the end."""
+    """`gemma3-ray kueue setup` (the cluster-scoped objects it makes are found and deleted at the end of the run by
+    e2e.session: new since the run began, used by no other namespace)."""
     argv = ["gemma3-ray", "kueue", "setup", "-n", ns, "--jobs", "1"]
     for v in values:
         argv += ["-f", str(v)]
-    before = _cluster_objects(h)
-    try:
-        return h.kube.run(argv + (["--apply"] if apply else []), what=f"gemma3-ray kueue setup -n {ns}", timeout=180,
-                          check=check)
-    finally:
-        order = {k: i for i, k in enumerate(CLUSTER_KINDS)}  # deleted in reverse: ClusterQueues first
-        h.cluster_scoped += sorted(_cluster_objects(h) - before, key=lambda o: order[o[0]])
+    return h.kube.run(argv + (["--apply"] if apply else []), what=f"gemma3-ray kueue setup -n {ns}", timeout=180,
+                      check=check)
 
 
 def _cluster_queue(h: Harness, ns: str) -> tuple[str, dict[str, Any]]:
@@ -96,8 +85,7 @@ def kueue_setup(h: Harness) -> str:
     for name, value in PRIORITY_CLASSES.items():
         if h.kube.get("priorityclass", name, "default") is None:
             h.kube.k("create", "priorityclass", name, f"--value={value}",
-                     "--description=e2e: named by shared-cluster.yaml")
-            h.cluster_scoped.append(("priorityclass", name))
+                     "--description=e2e: named by shared-cluster.yaml")  # the run's: e2e.session deletes it
     h.namespace(TEAM_A, {"pod-security.kubernetes.io/enforce": "restricted",
                          "pod-security.kubernetes.io/enforce-version": "latest"})
     _kueue_setup(h, TEAM_A, _values(h))

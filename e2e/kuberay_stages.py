@@ -2,7 +2,7 @@
 (the workers gone when the job ends, the head kept for a set time, then nothing), and capacity that falls
 back (with the first flavor's quota taken, the job is admitted on the second, and `gemma3-ray status` names it).
 
-`preflight` tells the stage table what the running operator lacks (E2E_KUBERAY=v1.7.0 picks a newer one).
+`preflight` tells the stage table what the running operator lacks (E2E_KUBERAY=v1.6.1 picks a newer one).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def preflight(kube: Kube) -> dict[str, str]:
     report = kuberay_crd.rayjob_spec_fields(json.loads(proc.stdout))
     if not report.supports("preRunningDeadlineSeconds"):
         return {KUBERAY_16: "its RayJob CRD lacks spec.preRunningDeadlineSeconds (KubeRay 1.5 or older; run with "
-                            "E2E_KUBERAY=v1.7.0)"}
+                            "E2E_KUBERAY=v1.6.1)"}
     return {}
 
 

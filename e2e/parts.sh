@@ -13,9 +13,10 @@ set -euo pipefail
 # k8s.io/endpointslice v0.32.13 refused; v1.32.11: k8s.io/kms v0.32.11; v1.32.12: kubectl, cli-runtime).
 KUBE_VERSION=v1.32.9
 COREDNS_VERSION=v1.12.4
-# E2E_KUBERAY picks another KubeRay operator release (for example v1.7.0: `E2E_KUBERAY=v1.7.0 make e2e`);
-# each version is its own part in the cache, built from the ray-operator module of that version (a
-# version the module proxy does not serve fails the build with the proxy's answer in the part's build.log).
+# E2E_KUBERAY picks another KubeRay operator release (`E2E_KUBERAY=v1.6.1 make e2e`, what .ci/run runs: the
+# newest the module proxy here serves whole); each version is its own part in the cache, built from the
+# ray-operator module of that version (a version the proxy does not serve fails the build with the proxy's
+# answer in the part's build.log: v1.7.0's zip was refused with 403 on 2026-12-02 and -03, its .mod served).
 KUBERAY_VERSION=${E2E_KUBERAY:-v1.5.0}
 KUEUE_VERSION=v0.17.0
 CT_VERSION=v3.14.0

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# The checkout: the `trainer` and `demo` packages.
+# The checkout: the `trainer` and `localkit` packages.
 sys.path.insert(0, str(ROOT))
 
 PEAK_BF16_FLOPS = 989e12
@@ -114,7 +114,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 # prepare (CPU, here): processor and config; the GPU machine has no GGUF package to build them from
 # ------------------------------------------------------------------------------------------------
 def prepare(out: Path) -> Path:
-    from demo.tiny_model import gemma3_processor_and_config
+    from localkit.tiny_model import gemma3_processor_and_config
 
     processor, config = gemma3_processor_and_config(TEXT_CONFIG, VISION_CONFIG, MM_TOKENS_PER_IMAGE)
     target = out / "gemma3-4b"
@@ -234,7 +234,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
     t0 = time.time()
     try:
         if smoke:  # CPU check of this script: the tiny demo model instead of 4B
-            from demo.tiny_model import build_tiny_gemma3
+            from localkit.tiny_model import build_tiny_gemma3
 
             model_dir = build_tiny_gemma3()
         else:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from demo.local_cluster import remove_temp_dir, start_ray_head  # noqa: E402
+from localkit.local_cluster import remove_temp_dir, start_ray_head  # noqa: E402
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 DRIVER = "import time; print('DRIVER_START', repr(time.time()))"

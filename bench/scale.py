@@ -81,7 +81,7 @@ def main() -> None:
     sys.path[:0] = [str(ROOT)]
     from scale_data import FakeGcs, write_dataset  # beside this script (bench/ is not a package)
 
-    from demo.tiny_model import build_tiny_gemma3
+    from localkit.tiny_model import build_tiny_gemma3
 
     work = Path(tempfile.mkdtemp(prefix="g3r-scale-", dir="/tmp"))
     try:

@@ -27,7 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from demo.chart_job import (
+from demo.job_runner import require_success, run_job
+from demo.preflight import preflight
+from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
+from demo.run_dirs import RESULT_FILE, new_run_dir
+from localkit.chart_job import (
     DemoError,
     as_kuberay_submits,
     local_entrypoint,
@@ -36,8 +40,7 @@ from demo.chart_job import (
     render_chart,
     write_files,
 )
-from demo.job_runner import require_success, run_job
-from demo.local_cluster import (
+from localkit.local_cluster import (
     FakeGcs,
     describe_other_ray,
     other_ray_processes,
@@ -46,10 +49,7 @@ from demo.local_cluster import (
     require_memory,
     require_port_free,
 )
-from demo.preflight import preflight
-from demo.processes import deferred_signals
-from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
-from demo.run_dirs import RESULT_FILE, new_run_dir
+from localkit.processes import deferred_signals
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHART = ROOT / "charts" / "gemma3-ray"
@@ -195,8 +195,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"run directory: {run_dir}")
 
     # The tiny model and the sample data (offline; the model is cached after the first run).
-    from demo.sample_data import build_sample_dataset
-    from demo.tiny_model import build_tiny_gemma3
+    from localkit.sample_data import build_sample_dataset
+    from localkit.tiny_model import build_tiny_gemma3
 
     t = time.monotonic()
     model_dir = build_tiny_gemma3()
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bucket = storage[len("gs://") :].split("/", 1)[0]
 
     # Every server the demo starts is described first and started inside the try: whatever an interrupt
-    # or a failure cuts short, the finally stops by process id (demo/processes.py).
+    # or a failure cuts short, the finally stops by process id (localkit/processes.py).
     gcs = FakeGcs(run_dir / "gcs", run_dir / "fake-gcs-server.log")
     head = None
     try:

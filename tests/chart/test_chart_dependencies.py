@@ -134,7 +134,13 @@ def test_the_demo_checks_what_the_workers_would_install_and_installs_nothing(tmp
     submits the entry point with --installer=none."""
     import json
 
-    from demo.chart_job import DemoError, local_entrypoint, local_runtime_env, parse_chart_job, write_files
+    from localkit.chart_job import (
+        DemoError,
+        local_entrypoint,
+        local_runtime_env,
+        parse_chart_job,
+        write_files,
+    )
 
     for installer in ("pip", "uv"):
         job = parse_chart_job(helm_template([CI_DEFAULT], {"rayJob.runtimeEnv.installer": installer}).stdout)

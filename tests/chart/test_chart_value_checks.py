@@ -74,7 +74,7 @@ def test_numeric_text_parses_to_the_same_number_in_the_trainer() -> None:
 
 def test_readme_demo_set_example_renders() -> None:
     """README: `make demo ARGS='--set training.learning_rate=0.01'` renders through the demo's own helm call."""
-    from demo.chart_job import parse_chart_job, render_chart
+    from localkit.chart_job import parse_chart_job, render_chart
 
     rendered = render_chart(helm_bin("HELM"), CHART, VALUES_DIR / "local.yaml",
                             {"training.model_id": "/m", "training.dataset_name": "/d"},

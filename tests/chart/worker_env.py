@@ -13,7 +13,7 @@ from typing import Any
 
 from helm_render import Render
 
-from demo.chart_job import parse_chart_job, write_files
+from localkit.chart_job import parse_chart_job, write_files
 
 ENTRY = ["python", "-m", "trainer.vision_train"]
 # The driver's own calls (vision_train.main): parse the flags, then the workers' runtime env.

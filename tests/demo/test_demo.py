@@ -19,23 +19,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from demo import __main__ as demo_main
-from demo.chart_job import (
-    DemoError,
-    as_kuberay_submits,
-    local_entrypoint,
-    parse_chart_job,
-    render_chart,
-    worker_packages,
-    write_files,
-)
+from localkit.chart_job import as_kuberay_submits, local_entrypoint, parse_chart_job
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
-CHART = ROOT / "charts" / "gemma3-ray"
-LOCAL_VALUES = ROOT / "values" / "local.yaml"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A loss curve with axes, two series and a legend is tens of KiB; an empty canvas is a few.
 MIN_PNG_BYTES = 10_000
@@ -227,40 +216,6 @@ def test_unreachable_ray_address_is_not_replaced_silently(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert rc == 1
     assert f"RAY_ADDRESS=http://127.0.0.1:{port}" in err and "unset it" in err
-
-
-def test_rendered_local_values_give_the_demo_what_it_needs(tmp_path: Path) -> None:
-    job = parse_chart_job(render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"}))
-    assert set(job.files) >= {"vision_train.py", "requirements.txt", "job.flags.py"}
-    assert job.items["job.flags.py"] == "trainer/job/flags.py" and job.items["vision_train.py"] == "trainer/vision_train.py"
-    assert job.entrypoint.startswith("python -m trainer.vision_train ")
-    assert job.runtime_env["working_dir"] == job.mount_path == "/home/ray/trainer"
-    assert job.storage_path.startswith("gs://")
-    assert job.flags["use_gpu"] == "false" and job.num_workers == 2
-    assert job.flags["installer"] == "uv"  # rayJob.runtimeEnv.installer: uv (the default), for the workers only
-    write_files(job, tmp_path / "trainer")
-    pins = worker_packages(job, tmp_path / "trainer")
-    assert any(p.startswith("transformers==") for p in pins)
-    assert "--installer=none" in local_entrypoint(job).split()  # the local workers install nothing
-
-
-def test_bad_values_fail_with_helms_message(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**yaml.safe_load(LOCAL_VALUES.read_text()), "mode": "sometimes"}))
-    with pytest.raises(DemoError, match="helm template` failed"):
-        render_chart(HELM, CHART, bad)
-
-
-def test_a_job_that_does_not_carry_its_code_is_refused() -> None:
-    """The demo runs the ConfigMap as the job's working_dir only if the chart's RayJob does too."""
-    rendered = render_chart(HELM, CHART, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"})
-    docs = list(yaml.safe_load_all(rendered))
-    (job,) = [d for d in docs if d and d["kind"] == "RayJob"]
-    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])
-    env["working_dir"] = "/elsewhere"
-    job["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env)
-    with pytest.raises(DemoError, match="working_dir"):
-        parse_chart_job(yaml.safe_dump_all(docs))
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from demo import job_runner
-from demo.chart_job import DemoError
+from localkit.chart_job import DemoError
 
 NO_AGENT = "No available agent to submit job, please try again later."
 

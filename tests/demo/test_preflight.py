@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from demo import __main__ as demo_main
-from demo import sample_data, tiny_model
+from localkit import sample_data, tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,7 @@ def test_the_demo_process_prints_no_ray_info_and_no_progress_bar(tmp_path: Path)
         "from ray.dashboard.modules import dashboard_sdk\n"
         "dashboard_sdk.logger.info('Uploading package gcs://_ray_pkg_x.zip.')\n"
         "logging.getLogger('ray.dashboard.modules.job.sdk').warning('a Ray warning')\n"
-        "from demo.tiny_model import build_tiny_gemma3\n"
+        "from localkit.tiny_model import build_tiny_gemma3\n"
         "print(build_tiny_gemma3(Path(sys.argv[1])))\n"
     )
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tiny")], cwd=ROOT, capture_output=True,

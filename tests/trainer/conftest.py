@@ -33,7 +33,7 @@ UPLOAD_RE = re.compile(r'"POST /upload/storage/v1/b/([^/]+)/o\?[^ "]*?name=([^& 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from demo.tiny_model import build_tiny_gemma3
+    from localkit.tiny_model import build_tiny_gemma3
 
     return build_tiny_gemma3()
 

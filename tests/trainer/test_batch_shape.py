@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.test_ray_job import N_ROWS, job_flags, records
 from trainer import vision_train
 from trainer.job.arguments import parse_args

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.faults import KillWorkerAfterStep
 from tests.trainer.job.test_checkpoint_check import flip_a_bit
 from tests.trainer.test_ray_job import N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records

@@ -41,7 +41,7 @@ def build_rows(out_dir: Path, n_rows: int) -> Path:
     """The demo's product rows, each product name ending in a unique `#NNNN` (the sample id)."""
     from datasets import Dataset, Features, Image, Value
 
-    from demo.sample_data import rows
+    from localkit.sample_data import rows
 
     data = rows(n_rows, seed=0)
     for i, row in enumerate(data):

@@ -4,7 +4,7 @@ the driver's side stays light: ``job/`` and ``vision_train`` import nothing but 
 Ray, pyarrow and ``job/`` (the one exception: ``vision_train.train_loop_per_worker``, the workers' entry,
 imports ``worker/``; and the functions of ``job/`` that Ray runs on the workers, named in
 ``RUN_ON_WORKERS``). A process that cannot import torch & co imports the driver, as the stock Ray head
-does; and nothing in bench/, tests/, scripts/, demo/ or e2e/ loads the trainer by file path."""
+does; and nothing in bench/, tests/, scripts/, demo/, localkit/ or e2e/ loads the trainer by file path."""
 
 from __future__ import annotations
 
@@ -220,8 +220,8 @@ def test_the_driver_and_job_import_in_a_process_without_worker_packages() -> Non
 
 
 LOADERS = re.compile(r"sys\.path\.insert|sys\.path\[:0\]|sys\.path\.append|spec_from_file_location|runpy\.run_path")
-# Every line of bench/, tests/, scripts/, demo/ and e2e/ that puts a path on sys.path or loads a file as a module,
-# and why it is no trainer load. A new one fails the test below until it is listed here (or becomes an import).
+# Every line of bench/, tests/, scripts/, demo/, localkit/ and e2e/ that puts a path on sys.path or loads a file
+# as a module, and why it is no trainer load. A new one fails the test below until it is listed here (or becomes an import).
 NOT_TRAINER_LOADS = {
     ("tests/conftest.py", "sys.path.insert(0, str(path))"): "the checkout root and plugin/ (the gemma3_ray package)",
     ("tests/chart/conftest.py", "sys.path.insert(0, str(Path(__file__).resolve().parent))"): "the chart tests' helpers",
@@ -235,18 +235,18 @@ NOT_TRAINER_LOADS = {
     ("tests/trainer/test_light_driver_job.py",
      'spec = importlib.util.spec_from_file_location("import_blocker", os.path.join(site, "sitecustomize.py"))'):
         "the test's import blocker, installed as sitecustomize",
-    ("bench/bench.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer...`, `import demo...`",
+    ("bench/bench.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer...`, `import localkit...`",
     ("bench/kernel_check.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer.speed...`",
-    ("bench/runtime_env_install.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import demo...`",
-    ("bench/scale.py", "sys.path[:0] = [str(ROOT)]"): "the checkout root: `import trainer...`, `import demo...`",
+    ("bench/runtime_env_install.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import localkit...`",
+    ("bench/scale.py", "sys.path[:0] = [str(ROOT)]"): "the checkout root: `import trainer...`, `import localkit...`",
 }
 
 
 def test_nothing_loads_the_trainer_by_file_path() -> None:
-    """bench/, tests/, scripts/, demo/ and e2e/ import the trainer as the package, never by a path: every line
-    that loads by path is one of NOT_TRAINER_LOADS, each with its reason."""
+    """bench/, tests/, scripts/, demo/, localkit/ and e2e/ import the trainer as the package, never by a path: every
+    line that loads by path is one of NOT_TRAINER_LOADS, each with its reason."""
     found = set()
-    for folder in ("bench", "tests", "scripts", "demo", "e2e"):
+    for folder in ("bench", "tests", "scripts", "demo", "localkit", "e2e"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path == Path(__file__):
                 continue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer import import_blocker
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.faults import RemoveFileOnTrainBegin
 from tests.trainer.messy import BAD_REASONS, write_messy_jsonl
 from tests.trainer.test_ray_job import job_flags, records

@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.faults import KillWorkerAfterStep, RefuseOnRankOne
 from tests.trainer.faults import marker as fault_marker

@@ -56,7 +56,7 @@ def test_a_checkpoint_without_its_run_definition_is_checked_by_its_adapter_confi
     """A checkpoint copied out of its run: its adapter_config.json says the rank (r) and trained embeddings."""
     foreign = write_checkpoint(tmp_path / "elsewhere" / "checkpoint-000004", 4)  # adapter_config.json: r 16
     data = tmp_path / "data"
-    from demo.sample_data import build_sample_dataset
+    from localkit.sample_data import build_sample_dataset
 
     data = build_sample_dataset(data, n_rows=12, seed=0)
     with pytest.raises(UsageError, match=rf"^resume_from={foreign}: its checkpoint {foreign} was trained with another "

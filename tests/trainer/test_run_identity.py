@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.faults import KillWorkerAfterStep
 from tests.trainer.test_ray_job import FAULT_AT_STEP, N_ROWS, RESUME_ATOL, SAVE_STEPS, job_flags, records
 from trainer import vision_train

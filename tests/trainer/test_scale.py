@@ -30,7 +30,7 @@ def upload_rows(storage: Storage, n_rows: int, work: Path) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from demo.sample_data import rows
+    from localkit.sample_data import rows
 
     data = rows(n_rows, seed=0)
     for i, row in enumerate(data):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.messy import write_messy_jsonl
 from tests.trainer.test_ray_job import job_flags
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.messy import BAD_REASONS, write_messy_jsonl
 from tests.trainer.thread_group import ThreadGroup
 from trainer.data.dataset import ROW_ID, load_rows, prepare_data

@@ -55,7 +55,7 @@ def test_streamed_loss_equals_the_file_paths_on_the_same_rows_in_the_same_order(
         tiny_model, ray_cluster, fake_gcs, tmp_path, prefix, monkeypatch):
     import torch
 
-    from demo.sample_data import build_sample_dataset
+    from localkit.sample_data import build_sample_dataset
     from trainer.worker.model import build_trainer
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs)
@@ -86,7 +86,7 @@ def test_streamed_loss_equals_the_file_paths_on_the_same_rows_in_the_same_order(
 
 
 def _messy_shards(tmp_path: Path, fake_gcs: str, prefix: str):
-    from demo.sample_data import build_sample_dataset
+    from localkit.sample_data import build_sample_dataset
 
     sample = build_sample_dataset(tmp_path / "sample", n_rows=12, seed=1)
     jsonl, where = write_messy_jsonl(sample, tmp_path / "messy", n_good=9)
@@ -143,7 +143,7 @@ def test_a_resumed_epoch_trains_the_rows_its_checkpoint_had_not(processor, ray_c
                                                                monkeypatch):
     """Two steps, a checkpoint's stream state, then a new stream (another Ray Data execution, as after a restart)
     that goes on from it: the epoch's rows once each, none twice; the state survives its file."""
-    from demo.sample_data import build_sample_dataset
+    from localkit.sample_data import build_sample_dataset
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs)
     shard(build_sample_dataset(tmp_path / "d", n_rows=20, seed=2), prefix, fake_gcs)
@@ -175,7 +175,7 @@ def test_a_resumed_epoch_trains_the_rows_its_checkpoint_had_not(processor, ray_c
 
 def test_the_driver_refuses_a_damaged_shard_or_a_missing_column_before_any_worker(
         fake_gcs, tmp_path, prefix, monkeypatch, capsys):
-    from demo.sample_data import build_sample_dataset
+    from localkit.sample_data import build_sample_dataset
     from trainer import vision_train
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from trainer.job.arguments import parse_args
 from trainer.job.flags import UsageError
 from trainer.worker.model import build_trainer

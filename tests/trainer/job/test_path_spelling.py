@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.job.test_checkpoint_check import register, write_checkpoint
 from trainer.job import run_definition, runs
 from trainer.job.arguments import parse_args

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.job.test_checkpoint_check import register, write_checkpoint
 from trainer.job import run_definition, runs

@@ -115,7 +115,7 @@ def test_the_submission_time_is_rays_record_of_the_job(tmp_path: Path) -> None:
     """A real Jobs API job: the driver reads its own submission time from Ray and starts after it."""
     from ray.job_submission import JobSubmissionClient
 
-    from demo.local_cluster import remove_temp_dir, start_ray_head
+    from localkit.local_cluster import remove_temp_dir, start_ray_head
 
     head = start_ray_head(1, tmp_path / "head.log")
     try:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from trainer.job.arguments import parse_args
 from trainer.speed import step_levers
 from trainer.worker.model import build_trainer, load_model

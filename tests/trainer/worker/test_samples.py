@@ -12,7 +12,7 @@ import torch
 import yaml
 from PIL import Image
 
-from demo.sample_data import build_sample_dataset
+from localkit.sample_data import build_sample_dataset
 from trainer.data.dataset import decode_image, image_bytes
 from trainer.job.arguments import parse_args
 from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from demo import sample_data, tiny_model
+from localkit import sample_data, tiny_model
 
 
 @pytest.fixture(scope="module")

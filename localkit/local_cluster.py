@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from demo.chart_job import DemoError
-from demo.processes import STOP_GRACE_S, Owned, Stopped
+from localkit.chart_job import DemoError
+from localkit.processes import STOP_GRACE_S, Owned, Stopped
 
 LOCALHOST = "127.0.0.1"
 RAY_START_TIMEOUT_S = 90.0
@@ -97,7 +97,7 @@ def describe_other_ray(procs: list[psutil.Process]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Process-tree handling: stop exactly what we started (demo/processes.py).
+# Process-tree handling: stop exactly what we started (localkit/processes.py).
 # ----------------------------------------------------------------------------------------------
 def stop_tree(root: psutil.Process | int, known: dict[int, psutil.Process] | None = None,
               grace_s: float = STOP_GRACE_S) -> list[int]:

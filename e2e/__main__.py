@@ -3,7 +3,9 @@
 Against $KUBECONFIG when set: any cluster that runs KubeRay (and Kueue for its stages), with the images
 in a registry its nodes pull from, named by E2E_VALUES (chart values files, comma-separated; e2e/image.sh
 push writes one) or E2E_HEAD_IMAGE/E2E_WORKER_IMAGE, and E2E_STORAGE_IMAGE (fake-gcs-server, run in the
-cluster). Else the local one-node cluster of e2e/cluster.sh, started here and stopped on every exit path.
+cluster), or E2E_BUCKET=gs://NAME[/prefix] (a real bucket the pods reach through Workload Identity; the run
+writes under its own prefix there and deletes it at the end). Else the local one-node cluster of
+e2e/cluster.sh, started here and stopped on every exit path.
 Ends with a table of stages (time, pass/fail), what is left on the cluster (nothing), and writes it as
 JSON to e2e-output/summary.json. Exit 0 only when every stage passed.
 """
@@ -19,14 +21,15 @@ import tempfile
 from pathlib import Path
 
 from e2e import proc
-from e2e.harness import BUCKET, DATA_URI, MODEL_URI, ROOT, Harness, Images, run_script
+from e2e import storage as storage_mod
+from e2e.harness import DATA_KEY, MODEL_KEY, ROOT, Harness, Images, run_script
 from e2e.kube import Kube, StageError
 from e2e.preflight import preflight
-from e2e.session import Busy, Session, take_lock
+from e2e.session import RUN_ID, Busy, Session, take_lock
 from e2e.stage_table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
 from e2e.stage_table import run as run_stages
 from e2e.stages import Record
-from e2e.storage import Storage
+from e2e.storage import BucketStorage, EmulatorStorage, RunStorage
 
 OUT = Path(os.environ.get("E2E_OUTPUT") or ROOT / "e2e-output")  # summary.json, logs
 CLUSTER_SH = ROOT / "e2e" / "cluster.sh"
@@ -49,9 +52,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def any_cluster_config() -> tuple[list[Path], Images, str]:
-    """With KUBECONFIG: the values files, the images given as references, the storage emulator's image.
-    A gap is one sentence, before anything touches the cluster."""
+def any_cluster_config(bucket: tuple[str, str] | None = None) -> tuple[list[Path], Images, str]:
+    """With KUBECONFIG: the values files, the images given as references, the storage emulator's image ('' with
+    E2E_BUCKET, whose values files must set the Workload Identity annotation). A gap is one sentence, before
+    anything touches the cluster."""
     files = [Path(f).expanduser().resolve() for f in os.environ.get("E2E_VALUES", "").split(",") if f.strip()]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -60,6 +64,7 @@ def any_cluster_config() -> tuple[list[Path], Images, str]:
     import yaml
 
     given: dict = {}
+    docs: list[dict] = []
     for f in files:
         try:
             doc = yaml.safe_load(f.read_text()) or {}
@@ -67,12 +72,16 @@ def any_cluster_config() -> tuple[list[Path], Images, str]:
             raise StageError(f"E2E_VALUES {f}: not YAML ({str(e).splitlines()[0]})") from e
         if not isinstance(doc, dict):
             raise StageError(f"E2E_VALUES {f}: a values file is a mapping, this is {type(doc).__name__}")
+        docs.append(doc)
         given.update({g: ((doc.get(g) or {}).get("image") or {}) for g in ("head", "workers") if doc.get(g)})
     imgs = Images(os.environ.get("E2E_HEAD_IMAGE") or None, os.environ.get("E2E_WORKER_IMAGE") or None)
     if not imgs.worker and not (given.get("workers") or {}).get("repository"):
         raise StageError("KUBECONFIG is set but no training image is named: set workers.image (and head.image) in a "
                          "values file given as E2E_VALUES=extra.yaml (e2e/image.sh push REGISTRY extra.yaml writes "
                          "one), or E2E_WORKER_IMAGE=registry/repo:tag, an image the cluster's nodes can pull")
+    if bucket is not None:
+        storage_mod.require_gsa(docs)
+        return files, imgs, ""
     storage = os.environ.get("E2E_STORAGE_IMAGE", "")
     if not storage:
         raise StageError("KUBECONFIG is set but E2E_STORAGE_IMAGE is not: name the fake-gcs-server image the "
@@ -148,22 +157,48 @@ def check_cluster(rec: Record, h: Harness, session: Session) -> None:
                      f"{facts.worker_node or 'none'}; run id {session.run_id}" + (f"; {gone}" if gone else ""))
 
 
-def inputs(rec: Record, h: Harness, session: Session, image: str, pull_policy: str, stack: list) -> Storage:
-    with rec.stage("storage and inputs", "fake-gcs-server in the cluster; the tiny Gemma 3 and sample data") as st:
+def check_bucket(rec: Record, bucket: tuple[str, str], stack: list) -> BucketStorage:
+    """E2E_BUCKET: this machine's credentials read, write and delete under the run's prefix, before anything is
+    made in the cluster; from here on the clean-up deletes that prefix."""
+    storage = BucketStorage(*bucket, RUN_ID, OUT / "gcs")
+    shutil.rmtree(storage.mirror, ignore_errors=True)
+    storage.ensure()
+    stack.append(("storage", storage))
+    rec.facts["storage"] = {"mode": storage.mode, "root": storage.root}
+    return storage
+
+
+def open_storage(h: Harness, session: Session, image: str, pull_policy: str, stack: list,
+                 bucket: BucketStorage | None = None) -> RunStorage:
+    """The run's storage, started: E2E_BUCKET's (checked already; nothing made in the cluster), else the
+    emulator, a Deployment in a namespace of the run."""
+    if bucket is not None:
+        if ("storage", bucket) not in stack:
+            stack.append(("storage", bucket))
+        bucket.start()
+        return bucket
+    root = OUT / "gcs"
+    shutil.rmtree(root, ignore_errors=True)
+    ns = h.namespace(session.name(STORAGE_NAMESPACE))
+    storage = EmulatorStorage(h.kube, ns, image, pull_policy, root, OUT / "gcs.log", session.labels)
+    stack.append(("storage", storage))
+    storage.start()
+    storage.ensure()
+    return storage
+
+
+def inputs(rec: Record, h: Harness, session: Session, image: str, pull_policy: str, stack: list,
+           bucket: BucketStorage | None = None) -> RunStorage:
+    what = "the run's prefix of E2E_BUCKET" if bucket is not None else "fake-gcs-server in the cluster"
+    with rec.stage("storage and inputs", f"{what}; the tiny Gemma 3 and sample data") as st:
         from localkit.sample_data import build_sample_dataset
         from localkit.tiny_model import build_tiny_gemma3
 
-        ns = h.namespace(session.name(STORAGE_NAMESPACE))
-        root = OUT / "gcs"
-        shutil.rmtree(root, ignore_errors=True)
-        storage = Storage(h.kube, ns, image, pull_policy, root, OUT / "gcs.log", session.labels)
-        stack.append(("storage", storage))
-        storage.start()
-        storage.create_bucket(BUCKET)
+        storage = open_storage(h, session, image, pull_policy, stack, bucket)
         model = build_tiny_gemma3()
         data = build_sample_dataset(OUT / "inputs" / "data", n_rows=48, seed=0)
-        n = storage.upload_tree(model, MODEL_URI) + storage.upload_tree(data, DATA_URI)
-        st.detail = f"{storage.cluster_url} (an in-cluster Deployment, image {image}), {n} objects uploaded"
+        n = storage.upload_tree(model, storage.uri(MODEL_KEY)) + storage.upload_tree(data, storage.uri(DATA_KEY))
+        st.detail = f"{storage.describe()}, {n} objects uploaded"
     return storage
 
 
@@ -172,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reasons = select(args.only, args.skip)
         deadline = deadline_from_env(os.environ.get("E2E_DEADLINE"))
+        bucket = storage_mod.bucket_from_env(os.environ)
     except (SelectionError, StageError) as e:
         say(f"[e2e] {e}")
         return 2
@@ -193,8 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     error = ""
     try:
         extra: list[Path] = []
+        bucket_storage: BucketStorage | None = None
         if os.environ.get("KUBECONFIG"):
-            extra, imgs, storage_image = any_cluster_config()
+            extra, imgs, storage_image = any_cluster_config(bucket)
+        if bucket is not None:  # credentials and the bucket checked before anything is made in the cluster
+            bucket_storage = check_bucket(rec, bucket, stack)
         kubeconfig, local = start_cluster(rec, stack)
         kube = Kube(kubeconfig, OUT / "e2e.log", helm=os.environ.get("HELM", "helm"))
         if local:
@@ -206,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         rec.facts["run_id"] = session.run_id
         harness = Harness(kube, rec, None, imgs, OUT, extra_values=extra, session=session)
         check_cluster(rec, harness, session)
-        harness.storage = inputs(rec, harness, session, storage_image, imgs.pull_policy or "IfNotPresent", stack)
+        harness.storage = inputs(rec, harness, session, storage_image, imgs.pull_policy or "IfNotPresent", stack,
+                                 bucket_storage)
         rec.facts["versions"] = _versions(kube)
         harness.missing.update(_kuberay_preflight(kube))
         run_stages(harness, rec, reasons, deadline=deadline)
@@ -245,8 +285,10 @@ def _versions(kube: Kube) -> dict[str, str]:
 
 def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool,
              code: int) -> int:
+    say = rec.say
     problems: list[str] = []
     objs: list = []
+    stores: list[RunStorage] = [obj for kind, obj in stack if kind == "storage"]
     if harness is not None and session is not None and not keep and session.before:
         try:
             from e2e.shared_cluster import PRIORITY_CLASSES
@@ -254,9 +296,8 @@ def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stac
             objs = session.cluster_objects(harness.namespaces, list(PRIORITY_CLASSES))
         except StageError as e:
             problems.append(f"listing the run's cluster-scoped objects: {e}")
-    for kind, obj in reversed(stack):
-        if kind == "storage":
-            obj.stop()  # the port-forward; the Deployment goes with its namespace
+    for obj in reversed(stores):
+        obj.stop()  # the port-forward; the emulator's Deployment goes with its namespace
     if harness is not None and not keep:
         try:
             problems += harness.cleanup()
@@ -264,15 +305,28 @@ def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stac
                 problems += session.delete(objs, [])
         except StageError as e:
             problems.append(f"cleanup of releases: {e}")
-    if session is not None and not keep:
-        try:
-            left = session.left()
-        except StageError as e:
-            left = [f"(could not ask the cluster: {e})"]
+    for obj in stores:  # E2E_BUCKET: the run's prefix, after the releases (no pod writes there any more)
+        if keep and obj.mode == "bucket":
+            say(f"[e2e] --keep: the run's objects stay in {obj.root}/; delete them with: gcloud storage rm -r "
+                f"{obj.root}/")
+        elif not keep:
+            problems += [f"deleting {obj.root}/: {p}" for p in obj.cleanup()]
+    if (session is not None or stores) and not keep:
+        left: list[str] = []
+        if session is not None:
+            try:
+                left = session.left()
+            except StageError as e:
+                left = [f"(could not ask the cluster: {e})"]
+            say(f"[e2e] left on the cluster: {', '.join(left) if left else 'nothing'}")
+        for obj in stores:
+            if obj.mode == "bucket":
+                in_bucket = obj.left()
+                say(f"[e2e] left in the bucket: {', '.join(in_bucket) if in_bucket else 'nothing'}")
+                left += in_bucket
         rec.facts["left"] = left
-        say(f"[e2e] left on the cluster: {', '.join(left) if left else 'nothing'}")
         if left:
-            problems.append(f"left on the cluster: {', '.join(left)}")
+            problems.append(f"left: {', '.join(left)}")
     for kind, obj in reversed(stack):
         if kind == "storage":
             continue

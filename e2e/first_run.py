@@ -88,16 +88,14 @@ def _port_forward(h: Harness, argv: list[str], want_ray: str) -> str:
 
 
 def _gcloud(h: Harness, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """gcloud as printed, against the storage emulator: its endpoint, no credentials, a config of its own."""
+    """gcloud as printed, against the run's storage: the emulator (its endpoint, no credentials, a config of its
+    own), or E2E_BUCKET's bucket with this machine's own gcloud configuration and login."""
     with tempfile.TemporaryDirectory(prefix="gemma3-ray-e2e-gcloud-") as cfg:
-        env = {"CLOUDSDK_CONFIG": cfg, "CLOUDSDK_API_ENDPOINT_OVERRIDES_STORAGE": f"{h.storage.url}/",
-               "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true", "CLOUDSDK_CORE_PROJECT": "gemma3-ray-e2e",
-               "CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_STORAGE_USE_GRPC_IF_AVAILABLE": "false",
-               "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "true", "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false"}
+        env = h.storage.gcloud_env(cfg)
         old = dict(h.kube.env)
         h.kube.env.update(env)
         try:
-            return h.kube.run(argv, what="NOTES command (gcloud against the storage emulator)", timeout=180)
+            return h.kube.run(argv, what=f"NOTES command (gcloud against {h.storage.describe()})", timeout=180)
         finally:
             h.kube.env.clear()
             h.kube.env.update(old)

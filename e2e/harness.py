@@ -14,15 +14,15 @@ from typing import Any
 from e2e.kube import Kube, StageError
 from e2e.proc import run_child
 from e2e.stages import Record
-from e2e.storage import Storage
+from e2e.storage import RunStorage
 from localkit.chart_job import parse_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "gemma3-ray"
 VALUES = ROOT / "values" / "e2e.yaml"
-BUCKET = "gemma3-ray-e2e"
-MODEL_URI = f"gs://{BUCKET}/inputs/tiny-gemma3"
-DATA_URI = f"gs://{BUCKET}/inputs/sample-data"
+# under the storage's root (RunStorage.uri): the emulator's bucket, or the run's prefix of E2E_BUCKET
+MODEL_KEY = "inputs/tiny-gemma3"
+DATA_KEY = "inputs/sample-data"
 RUN_TIMEOUT_S = 900
 
 
@@ -88,7 +88,7 @@ class Run:
 class Harness:
     kube: Kube
     record: Record
-    storage: Storage
+    storage: RunStorage  # the emulator in the cluster, or the run's prefix of E2E_BUCKET
     images: Images
     out_dir: Path
     installed: list[tuple[str, str]] = field(default_factory=list)  # (namespace, release), for cleanup
@@ -116,10 +116,13 @@ class Harness:
                            lambda: self.kube.get("serviceaccount", "default", name), 60, name)
         return name
 
-    def base_sets(self) -> dict[str, str]:
+    def base_sets(self, release: str = "") -> dict[str, str]:
+        """The images, the inputs' gs:// paths and how the pods reach the storage (the emulator: its
+        STORAGE_EMULATOR_HOST; E2E_BUCKET: nothing, and the release's outputs under the run's prefix)."""
         return {**self.images.sets(),
-                "rayJob.runtimeEnv.envVars.STORAGE_EMULATOR_HOST": self.storage.cluster_url,
-                "training.model_id": MODEL_URI, "training.dataset_name": DATA_URI}
+                **{f"rayJob.runtimeEnv.envVars.{k}": v for k, v in self.storage.pod_env().items()},
+                **self.storage.chart_sets(release),
+                "training.model_id": self.storage.uri(MODEL_KEY), "training.dataset_name": self.storage.uri(DATA_KEY)}
 
     def values_files(self) -> list[Path]:
         """values/e2e.yaml, then E2E_VALUES (the cluster's images, pull policy, anything else it needs)."""
@@ -131,7 +134,7 @@ class Harness:
         args = ["upgrade" if upgrade else "install", release, str(CHART), "-n", ns]
         for v in [*self.values_files(), *(values or [])]:
             args += ["-f", str(v)]
-        for k, v in {**self.base_sets(), **(sets or {})}.items():  # ints as numbers, the rest verbatim as text
+        for k, v in {**self.base_sets(release), **(sets or {})}.items():  # ints as numbers, the rest verbatim as text
             args += ["--set" if isinstance(v, int) else "--set-string", f"{k}={v}"]
         args += extra or []
         self.kube.h(*args, timeout=180, what=f"helm {args[0]} {release}")

@@ -58,7 +58,8 @@ STAGES: tuple[StageSpec, ...] = (
               "sets; Kueue and a cordonable worker node are recorded for the stages that need them; a killed run's "
               "leftovers are removed.", None, typical_s=10),
     StageSpec("storage and inputs", SETUP, "The storage emulator, a Deployment in the cluster, serves the tiny "
-              "Gemma 3 and the sample data to the pods.", None, typical_s=40),
+              "Gemma 3 and the sample data to the pods (with E2E_BUCKET: the run's own prefix of that bucket, no "
+              "emulator).", None, typical_s=40),
     # ------------------------------------------------------------------------------------------ first
     StageSpec("install", FIRST, "`helm install` with values/e2e.yaml creates the release's RayJob `<r>-r1` and "
               "its run.", _f("first_run", "install"), typical_s=10),

@@ -13,7 +13,7 @@ import io
 import json
 from pathlib import Path
 
-from e2e.harness import BUCKET, Harness
+from e2e.harness import Harness
 from e2e.kube import StageError
 
 NAMESPACE = "g3r-e2e-stream"
@@ -22,7 +22,7 @@ ROWS = 256
 SIDE = 1024
 EPHEMERAL_LIMIT_MIB = 256
 GLOBAL_BATCH = 8  # 2 workers x 1 x 4
-DATA_URI = f"gs://{BUCKET}/inputs/streamed-products"
+DATA_KEY = "inputs/streamed-products"  # under the storage's root: the emulator's bucket or the run's prefix
 
 
 def _noise_rows(out: Path) -> Path:
@@ -54,15 +54,13 @@ def _noise_rows(out: Path) -> Path:
 def _shard(h: Harness, source: Path) -> dict:
     from gemma3_ray import cli
     from gemma3_ray.config.clients import Clients
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
 
-    client = storage.Client(project="gemma3-ray-e2e", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": h.storage.url})
-    argv = ["data", "shard", str(source), "--to", DATA_URI, "--shard-size", "64MiB", "--apply"]
-    if cli.main(argv, Clients(project="gemma3-ray-e2e", storage=client)) != 0:
+    client = h.storage.client()  # the emulator's (anonymous) or E2E_BUCKET's (Application Default Credentials)
+    data_uri = h.storage.uri(DATA_KEY)
+    argv = ["data", "shard", str(source), "--to", data_uri, "--shard-size", "64MiB", "--apply"]
+    if cli.main(argv, Clients(project=client.project or "gemma3-ray-e2e", storage=client)) != 0:
         raise StageError(f"`gemma3-ray {' '.join(argv)}` failed")
-    return json.loads(h.storage.path(f"{DATA_URI}/manifest.json").read_text())
+    return json.loads(h.storage.path(f"{data_uri}/manifest.json").read_text())
 
 
 def streamed(h: Harness) -> str:
@@ -74,7 +72,7 @@ def streamed(h: Harness) -> str:
     ns = h.namespace(NAMESPACE)
     steps = ROWS // GLOBAL_BATCH
     run = h.helm_install(RELEASE, ns, sets={
-        "training.streaming": "true", "training.dataset_name": DATA_URI, "training.streaming_decoders": 1,
+        "training.streaming": "true", "training.dataset_name": h.storage.uri(DATA_KEY), "training.streaming_decoders": 1,
         "training.streaming_object_store_gib": "0.25", "training.eval_fraction": 0, "training.max_steps": steps,
         "training.global_batch_size": GLOBAL_BATCH, "training.per_device_train_batch_size": 1,
         "training.save_steps": steps, "training.eval_steps": steps, "training.sample_rows": 0,

@@ -120,7 +120,19 @@ def _temp_dir_name() -> Path:
 # The Ray head.
 # ----------------------------------------------------------------------------------------------
 @dataclass
-class RayHead:
+class OwnsProcess:
+    """A server this kit started: what it owns (the process, stopped by its id) and how it was stopped."""
+
+    owned: Owned | None = field(default=None, kw_only=True)
+    stopped: Stopped | None = field(default=None, kw_only=True)
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.owned.process if self.owned else None
+
+
+@dataclass
+class RayHead(OwnsProcess):
     """A local Ray head of this process: described first, then started; stop() ends it on any path."""
 
     num_cpus: int
@@ -129,13 +141,6 @@ class RayHead:
     dashboard_port: int
     token: str = field(repr=False, default_factory=lambda: secrets.token_hex(32))
     temp_dir: Path = field(default_factory=_temp_dir_name)
-    owned: Owned | None = None
-    stopped: Stopped | None = None
-
-    @property
-    def process(self) -> subprocess.Popen | None:
-        return self.owned.process if self.owned else None
-
     @property
     def gcs_address(self) -> str:
         return f"{LOCALHOST}:{self.gcs_port}"
@@ -287,20 +292,13 @@ def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
 # The Cloud Storage stand-in.
 # ----------------------------------------------------------------------------------------------
 @dataclass
-class FakeGcs:
+class FakeGcs(OwnsProcess):
     """fake-gcs-server on 127.0.0.1 (or host) with objects as files under ``root/<bucket>/...``; start() then stop()."""
 
     root: Path
     log_path: Path
     host: str = LOCALHOST
     port: int = field(default_factory=free_port)
-    owned: Owned | None = None
-    stopped: Stopped | None = None
-
-    @property
-    def process(self) -> subprocess.Popen | None:
-        return self.owned.process if self.owned else None
-
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from e2e.kube import Kube, StageError, stop_command
 
 NAME = "fake-gcs"
+BINARY = "/bin/fake-gcs-server"  # where e2e/image.sh and fake-gcs-server's own image put it
 PORT = 4443
 START_TIMEOUT_S = 180
 EMULATOR_BUCKET = "gemma3-ray-e2e"  # the emulator's bucket: the run's own
@@ -250,6 +251,10 @@ def manifest(namespace: str, image: str, pull_policy: str, labels: dict[str, str
     url = f"http://{NAME}.{namespace}.svc:{PORT}"
     container = {
         "name": NAME, "image": image, "imagePullPolicy": pull_policy,
+        # `command`, not only `args`: Kubernetes' args replace the image's Cmd, and e2e/image.sh's image has its
+        # binary as Cmd (no Entrypoint), so args alone ran "-scheme" (seen: CrashLoopBackOff, make e2e on main).
+        # fake-gcs-server's own image keeps the same binary at the same path.
+        "command": [BINARY],
         "args": ["-scheme", "http", "-backend", "filesystem", "-filesystem-root", "/data", "-host", "0.0.0.0",
                  "-port", str(PORT), "-external-url", url, "-log-level", "warn"],
         "ports": [{"name": "http", "containerPort": PORT}],

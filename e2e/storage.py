@@ -268,7 +268,10 @@ def manifest(namespace: str, image: str, pull_policy: str, labels: dict[str, str
     deploy = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
               "spec": {"replicas": 1, "selector": {"matchLabels": sel},
                        "template": {"metadata": {"labels": {**sel, **labels}},
-                                    "spec": {"automountServiceAccountToken": False, "containers": [container],
+                                    "spec": {"automountServiceAccountToken": False,
+                                             # no FAKE_GCS_* service links: fake-gcs-server reads FAKE_GCS_PORT as its
+                                             # port and refused the link's "tcp://IP:4443" (seen: CrashLoopBackOff)
+                                             "enableServiceLinks": False, "containers": [container],
                                              "volumes": [{"name": "data", "emptyDir": {}},
                                                          {"name": "tmp", "emptyDir": {}}]}}}}
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": meta,

@@ -49,3 +49,13 @@ def test_fake_gcs_servers_own_image_runs_it_too() -> None:
     """Its image: ENTRYPOINT ["/bin/fake-gcs-server"], no Cmd (what E2E_STORAGE_IMAGE may name on any cluster)."""
     argv = effective_argv(container(), [BINARY], [])
     assert argv[0] == BINARY and argv.count(BINARY) == 1, argv
+
+
+def test_no_service_link_names_the_servers_own_variables() -> None:
+    """Kubernetes' service links put <SERVICE>_PORT=tcp://IP:PORT in the pod; for the Service `fake-gcs` that is
+    FAKE_GCS_PORT, which fake-gcs-server reads as its port (seen: 'invalid value for environment variable
+    FAKE_GCS_PORT="tcp://10.96.44.8:4443"', CrashLoopBackOff). The pod must not get them."""
+    dep = manifest("ns", "reg/fake-gcs:1", "IfNotPresent", {})
+    docs = dep.get("items", [dep]) if isinstance(dep, dict) else dep
+    pod = next(d for d in docs if d.get("kind") == "Deployment")["spec"]["template"]["spec"]
+    assert pod.get("enableServiceLinks") is False

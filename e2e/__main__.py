@@ -20,8 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from e2e import proc
-from e2e import storage as storage_mod
+from e2e import proc, storage_bucket
 from e2e.harness import DATA_KEY, MODEL_KEY, ROOT, Harness, Images, run_script
 from e2e.kube import Kube, StageError
 from e2e.preflight import preflight
@@ -29,7 +28,9 @@ from e2e.session import RUN_ID, Busy, Session, take_lock
 from e2e.stage_table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
 from e2e.stage_table import run as run_stages
 from e2e.stages import Record
-from e2e.storage import BucketStorage, EmulatorStorage, RunStorage
+from e2e.storage import RunStorage
+from e2e.storage_bucket import BucketStorage
+from e2e.storage_emulator import EmulatorStorage
 
 OUT = Path(os.environ.get("E2E_OUTPUT") or ROOT / "e2e-output")  # summary.json, logs
 CLUSTER_SH = ROOT / "e2e" / "cluster.sh"
@@ -80,7 +81,7 @@ def any_cluster_config(bucket: tuple[str, str] | None = None) -> tuple[list[Path
                          "values file given as E2E_VALUES=extra.yaml (e2e/image.sh push REGISTRY extra.yaml writes "
                          "one), or E2E_WORKER_IMAGE=registry/repo:tag, an image the cluster's nodes can pull")
     if bucket is not None:
-        storage_mod.require_gsa(docs)
+        storage_bucket.require_gsa(docs)
         return files, imgs, ""
     storage = os.environ.get("E2E_STORAGE_IMAGE", "")
     if not storage:
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reasons = select(args.only, args.skip)
         deadline = deadline_from_env(os.environ.get("E2E_DEADLINE"))
-        bucket = storage_mod.bucket_from_env(os.environ)
+        bucket = storage_bucket.bucket_from_env(os.environ)
     except (SelectionError, StageError) as e:
         say(f"[e2e] {e}")
         return 2

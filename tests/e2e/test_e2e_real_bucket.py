@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import storage as st
+from e2e import storage_bucket as st
+from e2e import storage_emulator
 from e2e.kube import Kube, StageError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -240,7 +241,7 @@ def test_the_chart_renders_the_bucket_mode_with_no_emulator_and_the_runs_prefix(
     assert f"--storage_path=gs://{BUCKET}/team/e2e/gemma3-ray-e2e-r4/e2e" in entry
     assert f"--model_id={s.root}/inputs/tiny-gemma3" in entry
     # the emulator mode as before: its address for the pods, its own bucket, the chart's default prefix
-    emu = st.EmulatorStorage(h.kube, "g3r-e2e-storage-r4", "img", "IfNotPresent", tmp_path / "m", tmp_path / "l")
+    emu = storage_emulator.EmulatorStorage(h.kube, "g3r-e2e-storage-r4", "img", "IfNotPresent", tmp_path / "m", tmp_path / "l")
     sets = Harness(h.kube, None, emu, Images("r/h:1", "r/w:1"), tmp_path).base_sets("e2e")
     assert sets["rayJob.runtimeEnv.envVars.STORAGE_EMULATOR_HOST"] == "http://fake-gcs.g3r-e2e-storage-r4.svc:4443"
     assert sets["training.model_id"] == "gs://gemma3-ray-e2e/inputs/tiny-gemma3" and "storage.prefix" not in sets
@@ -263,7 +264,7 @@ def test_the_bucket_mode_makes_no_emulator_in_the_cluster_and_its_clean_up_empti
     stack: list = []
     s = open_storage(h, session, "unused-image", "IfNotPresent", stack, _bucket_storage(gcs, "r5", tmp_path))
     assert stack == [("storage", s)] and isinstance(s, st.BucketStorage)
-    assert kube.k("get", "deployments,services", "-A", "-l", f"app.kubernetes.io/name={st.NAME}",
+    assert kube.k("get", "deployments,services", "-A", "-l", f"app.kubernetes.io/name={storage_emulator.NAME}",
                   "-o", "name").stdout.strip() == ""
     assert kube.k("get", "namespaces", "-o", "name").stdout.split() == before and h.namespaces == []
     s.upload_tree(Path(__file__), s.uri("inputs/x"))

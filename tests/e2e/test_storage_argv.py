@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from e2e.storage import BINARY, manifest
+from e2e.storage_emulator import BINARY, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 

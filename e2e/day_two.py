@@ -239,7 +239,7 @@ def lost_head(h: Harness) -> str:
     cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
     head = _pods(h, NAMESPACE, cluster, "head")[0]["metadata"]["name"]
     h.kube.k("-n", NAMESPACE, "delete", "pod", head, "--wait=false")
-    final = h.kube.wait_rayjob(NAMESPACE, run.rayjob, 900, want="SUCCEEDED")
+    final = h.wait_run(run, timeout=900)
     status = final.get("status") or {}
     summary = _finished(h, run)
     final_cluster = _cluster_of(final)

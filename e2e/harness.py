@@ -154,7 +154,13 @@ class Harness:
         raise StageError(f"release {ns}/{release}: its manifest has no RayJob")
 
     def wait_run(self, run: Run, *, timeout: float = RUN_TIMEOUT_S) -> dict[str, Any]:
-        return self.kube.wait_rayjob(run.namespace, run.rayjob, timeout)
+        try:
+            return self.kube.wait_rayjob(run.namespace, run.rayjob, timeout)
+        except StageError as e:
+            why = self.storage.health()  # a failed run may be the storage's failure: say so first
+            if why:
+                raise StageError(f"{why}.\n{e}") from e
+            raise
 
     def summary(self, run: Run) -> dict[str, Any]:
         path = self.storage.path(f"{run.run_uri}/summary.json")

@@ -77,6 +77,10 @@ class RunStorage:
         """What of the run is still in the storage after cleanup() (summary.json's "left")."""
         return []
 
+    def health(self) -> str:
+        """One sentence when the storage itself failed the run (the emulator restarted), else ""."""
+        return ""
+
     # the JSON API, by bucket and object name
     def _upload(self, bucket: str, name: str, file: Path) -> None:
         raise NotImplementedError

@@ -22,6 +22,12 @@ NAME = "fake-gcs"
 BINARY = "/bin/fake-gcs-server"  # where e2e/image.sh and fake-gcs-server's own image put it
 PORT = 4443
 START_TIMEOUT_S = 180
+# fake-gcs-server keeps each resumable upload in memory until its last chunk (a Go slice that doubles as it grows):
+# the e2e's checkpoint (the tiny model's trained 262208x64 embedding: 67 MB of weights, 134 MB of Adam state per
+# optimizer.pt) from each of two workers at once. 512Mi was OOMKilled mid-upload (make e2e, 2026-12-03) and the
+# restarted server lost the upload session: the trainer saw "UploadChunk ... 404". tests/e2e/test_storage_argv.py
+# derives the bound from the tiny model's shapes.
+MEMORY_LIMIT = "2Gi"
 EMULATOR_BUCKET = "gemma3-ray-e2e"  # the emulator's bucket: the run's own
 EMULATOR_PROJECT = "gemma3-ray-e2e"
 
@@ -41,7 +47,7 @@ def manifest(namespace: str, image: str, pull_policy: str, labels: dict[str, str
                  "-port", str(PORT), "-external-url", url, "-log-level", "warn"],
         "ports": [{"name": "http", "containerPort": PORT}],
         "readinessProbe": {"httpGet": {"path": "/storage/v1/b", "port": PORT}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "512Mi"}},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": MEMORY_LIMIT}},
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
                             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -59,6 +65,22 @@ def manifest(namespace: str, image: str, pull_policy: str, labels: dict[str, str
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": meta,
            "spec": {"selector": sel, "ports": [{"name": "http", "port": PORT, "targetPort": PORT}]}}
     return {"apiVersion": "v1", "kind": "List", "items": [deploy, svc]}
+
+
+def restarts_sentence(pods: list[dict[str, Any]], namespace: str) -> str:
+    """'' when no container of the emulator restarted, else one sentence naming the restarts and the last end."""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            n = int(cs.get("restartCount") or 0)
+            if n:
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                why = f"{last.get('reason') or 'exit'} (exit {last.get('exitCode', '?')})" if last else "unknown"
+                hint = (f"; its memory limit is {MEMORY_LIMIT} (e2e/storage_emulator.py MEMORY_LIMIT)"
+                        if last.get("reason") == "OOMKilled" else "")
+                return (f"the storage emulator {namespace}/{pod['metadata']['name']} restarted {n} time(s), last "
+                        f"ended {why}{hint}: a restart loses the uploads in progress, so the trainer's upload of "
+                        f"that moment failed")
+    return ""
 
 
 class EmulatorStorage(RunStorage):
@@ -142,6 +164,15 @@ class EmulatorStorage(RunStorage):
         proc, self.forward = self.forward, None
         if proc is not None:
             stop_command(proc)
+
+    def health(self) -> str:
+        """A restart of the emulator loses its in-memory upload sessions (the trainer then sees UploadChunk 404):
+        say so, with why the container ended, instead of leaving the reader at the trainer's error."""
+        try:
+            pods = self.kube.items("pods", self.namespace, f"app.kubernetes.io/name={NAME}")
+        except StageError as e:
+            return f"the storage emulator's pods in {self.namespace} are unreadable: {e}"
+        return restarts_sentence(pods, self.namespace)
 
     # ------------------------------------------------------------------ the JSON API
     def _call(self, method: str, path: str, data: bytes | None = None, headers: dict[str, str] | None = None,

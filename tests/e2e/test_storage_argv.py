@@ -59,3 +59,36 @@ def test_no_service_link_names_the_servers_own_variables() -> None:
     docs = dep.get("items", [dep]) if isinstance(dep, dict) else dep
     pod = next(d for d in docs if d.get("kind") == "Deployment")["spec"]["template"]["spec"]
     assert pod.get("enableServiceLinks") is False
+
+
+def test_the_memory_limit_holds_two_checkpoint_uploads_at_once() -> None:
+    """fake-gcs-server keeps a resumable upload in memory until its last chunk, in a Go slice that doubles as it
+    grows. Seen: at 512Mi the emulator was OOMKilled while the e2e's two workers uploaded checkpoint-000004, and
+    the restarted server answered the trainer's next chunk 404 ("UploadChunk ... Not Found"): RayJob FAILED.
+    The largest object is optimizer.pt: Adam's two fp32 moments of the tiny model's trained embedding."""
+    from e2e.storage_emulator import MEMORY_LIMIT
+    from localkit.tiny_model import GEMMA3_VISION_VOCAB_SIZE, TINY_TEXT
+
+    optimizer_bytes = GEMMA3_VISION_VOCAB_SIZE * TINY_TEXT["hidden_size"] * 4 * 2
+    import yaml
+
+    # values/e2e.yaml's workers, each uploading its checkpoint at the same moment
+    workers = yaml.safe_load((ROOT / "values" / "e2e.yaml").read_text())["workers"]["replicas"]
+    units = {"Mi": 2**20, "Gi": 2**30}
+    limit = int(MEMORY_LIMIT[:-2]) * units[MEMORY_LIMIT[-2:]]
+    assert limit >= workers * 2 * optimizer_bytes * 1.5, (MEMORY_LIMIT, optimizer_bytes)
+    res = container()["resources"]["limits"]
+    assert res["memory"] == MEMORY_LIMIT
+
+
+def test_a_restarted_emulator_is_named_in_the_failure() -> None:
+    """The trainer's error ('UploadChunk 404') hid the cause; the run's failure must lead with the emulator's end."""
+    from e2e.storage_emulator import restarts_sentence
+
+    pod = {"metadata": {"name": "fake-gcs-5d58b7cf6b-lvsqx"},
+           "status": {"containerStatuses": [{"name": "fake-gcs", "restartCount": 2,
+                                             "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}}
+    said = restarts_sentence([pod], "g3r-e2e-storage-1")
+    assert "restarted 2 time(s)" in said and "OOMKilled (exit 137)" in said and "MEMORY_LIMIT" in said, said
+    fine = {"metadata": {"name": "p"}, "status": {"containerStatuses": [{"name": "fake-gcs", "restartCount": 0}]}}
+    assert restarts_sentence([fine], "ns") == ""

@@ -203,10 +203,26 @@ def inputs(rec: Record, h: Harness, session: Session, image: str, pull_policy: s
     return storage
 
 
+def tools_missing(environ: dict[str, str] | os._Environ) -> str:
+    """One sentence naming a command-line tool the run needs and cannot find, else "" (helm: $HELM or PATH)."""
+    helm = environ.get("HELM") or "helm"
+    if not shutil.which(helm, path=environ.get("PATH")):
+        if environ.get("HELM"):
+            return f"HELM={helm} is not an executable: point HELM at a Helm 3 or 4 binary, or unset it and run make e2e"
+        return ("helm is not on PATH: run make e2e (it installs Helm into .tools/bin and puts it first), or put "
+                "Helm 3 or 4 on PATH / name it with HELM=")
+    if not shutil.which("kubectl", path=environ.get("PATH")):
+        return "kubectl is not on PATH: install kubectl (any version the cluster supports) and run make e2e again"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         reasons = select(args.only, args.skip)
+        missing = tools_missing(os.environ)
+        if missing:
+            raise StageError(missing)
         deadline = deadline_from_env(os.environ.get("E2E_DEADLINE"))
         bucket = storage_bucket.bucket_from_env(os.environ)
     except (SelectionError, StageError) as e:

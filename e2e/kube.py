@@ -71,6 +71,8 @@ class Kube:
                                   input=input_text)
         except subprocess.TimeoutExpired as e:
             raise StageError(f"{what or argv[0]}: `{shlex.join(argv[:6])} …` did not finish in {timeout:.0f} s") from e
+        except FileNotFoundError as e:  # the tool itself (checked at the start; gone since, or a stage's own)
+            raise StageError(f"{what or argv[0]}: {argv[0]} not found (is it installed and on PATH?)") from e
         self._log(proc.stdout + proc.stderr)
         if check and proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])

@@ -6,6 +6,7 @@
 #   e2e/parts.sh check             # exit 0 when every part is built
 #   e2e/parts.sh go-check [PART]   # the installed Go is new enough for each part's go.mod (one sentence if not)
 set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # One place for the versions (the issue pins KubeRay v1.5.0 and Kueue v0.17.0). Kubernetes stays on
 # 1.32, the minor of ../shared/kube-apiserver, and on cgroup v1, which 1.35's kubelet refuses.
@@ -13,11 +14,14 @@ set -euo pipefail
 # k8s.io/endpointslice v0.32.13 refused; v1.32.11: k8s.io/kms v0.32.11; v1.32.12: kubectl, cli-runtime).
 KUBE_VERSION=v1.32.9
 COREDNS_VERSION=v1.12.4
-# E2E_KUBERAY picks another KubeRay operator release (`E2E_KUBERAY=v1.6.1 make e2e`, what .ci/run runs: the
+# E2E_KUBERAY picks another KubeRay operator release (`E2E_KUBERAY=v1.6.2 make e2e`, what .ci/run runs: the
 # newest the module proxy here serves whole); each version is its own part in the cache, built from the
-# ray-operator module of that version (a version the proxy does not serve fails the build with the proxy's
-# answer in the part's build.log: v1.7.0's zip was refused with 403 on 2026-12-02 and -03, its .mod served).
-KUBERAY_VERSION=${E2E_KUBERAY:-v1.5.0}
+# ray-operator module of that version. A version whose zip the proxy refuses (v1.7.0: 403 on 2026-12-02 and -03,
+# its .mod served) is built from its git tag with E2E_KUBERAY_GIT=<a clone of github.com/ray-project/kuberay>:
+# the tag's ray-operator folder becomes the module zip (e2e/module_zip.py) in a file:// proxy put before the
+# machine's, and the go command checks that zip against the checksum database like any download.
+KUBERAY_DEFAULT=v1.5.0
+KUBERAY_VERSION=${E2E_KUBERAY:-$KUBERAY_DEFAULT}
 KUEUE_VERSION=v0.17.0
 CT_VERSION=v3.14.0
 # The OCI registry (distribution's `registry`) the any-cluster proof pulls the images from (e2e/registry.sh).
@@ -53,9 +57,13 @@ module_of() {
 }
 
 # mod_file MODULE@VERSION: the path of its go.mod in the module cache, fetched by the go command from
-# wherever this machine's go settings say (GOPROXY, GONOSUMDB, GOPRIVATE ...).
+# wherever this machine's go settings say (GOPROXY, GONOSUMDB, GOPRIVATE ...). Only the go.mod: `go list -m`
+# (not `go mod download`, which fetches the whole zip a proxy may refuse while it serves the .mod).
 mod_file() {
-  (cd / && go mod download -json "$1") | python3 -c 'import json, sys; d = json.load(sys.stdin); print(d.get("GoMod") or ""); sys.exit(1 if d.get("Error") else 0)'
+  local out
+  out=$(cd / && go list -m -f '{{.GoMod}}' "$1" 2>&1) || { echo "$out" | tail -n 2 | tr '\n' ' '; return 1; }
+  [ -n "$out" ] && [ -f "$out" ] || { echo "the go command gave no go.mod for $1"; return 1; }
+  echo "$out"
 }
 
 # go_ok PART: the installed go is at least the version PART's go.mod asks for (one sentence if not)
@@ -105,9 +113,36 @@ build_coredns() {
   go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/coredns" github.com/coredns/coredns
 }
 
+# kuberay_from_git OUT: the module zip of ray-operator at tag ray-operator/$KUBERAY_VERSION of $E2E_KUBERAY_GIT,
+# served to this build from a file:// proxy before the machine's own (GOPROXY exported in the build's subshell)
+kuberay_from_git() {
+  local git=$E2E_KUBERAY_GIT tag="ray-operator/$KUBERAY_VERSION" fp="$1/git-proxy" commit
+  commit=$(git -C "$git" rev-parse -q --verify "$tag^{commit}") || {
+    echo "E2E_KUBERAY_GIT=$git has no tag $tag: give a clone of github.com/ray-project/kuberay that has it (git fetch --tags)"; return 1; }
+  [ "$(go env GOSUMDB)" != off ] || {
+    echo "GOSUMDB=off: a module zip made from git could not be checked against the checksum database; refusing"; return 1; }
+  rm -rf "$fp"; mkdir -p "$fp/src"
+  git -C "$git" archive "$tag" ray-operator | tar -x -C "$fp/src"
+  # the go command adds the repository root's LICENSE to a module below the root that has none
+  [ -f "$fp/src/ray-operator/LICENSE" ] || git -C "$git" show "$tag:LICENSE" > "$fp/src/ray-operator/LICENSE"
+  python3 "$HERE/module_zip.py" "$fp/src/ray-operator" github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION" "$fp/proxy"
+  rm -rf "$fp/src"
+  # the checksum database is asked for this module even where the machine exempts some (GONOSUMDB/GOPRIVATE)
+  GOPROXY="file://$fp/proxy,$(go env GOPROXY)" GONOSUMDB="" GONOSUMCHECK="" GOPRIVATE="" GOINSECURE=""
+  export GOPROXY GONOSUMDB GONOSUMCHECK GOPRIVATE GOINSECURE
+  echo "ray-operator $KUBERAY_VERSION from $git tag $tag (commit $commit)" > "$1/source.txt"
+}
+
 build_kuberay() {
-  local out; out=$(part_dir kuberay); wrapper "$out" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+  local out; out=$(part_dir kuberay)
+  if [ -n "${E2E_KUBERAY_GIT:-}" ]; then kuberay_from_git "$out"; fi
+  wrapper "$out" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
   go get "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+  if [ -n "${E2E_KUBERAY_GIT:-}" ]; then  # what the go command verified the zip against
+    (go mod download -json "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" \
+      | python3 -c 'import json, sys; print("module zip checked by the go command against GOSUMDB:", json.load(sys.stdin)["Sum"])') >> "$out/source.txt"
+    mkdir -p "$out/bin.tmp"; cp "$out/source.txt" "$out/bin.tmp/SOURCE"
+  fi
   go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/ray-operator" github.com/ray-project/kuberay/ray-operator
   # its CRDs, from the same module version
   local src; src=$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
@@ -171,9 +206,11 @@ build() {
 
 # prune PART: keep this version and the one built before it (the last two keys); older ones go
 prune() {
-  local keep d n=0; keep=$(part_dir "$1")
+  local keep d n=0 default=""; keep=$(part_dir "$1")
+  # make e2e's own KubeRay (the default) stays beside the last two tried (E2E_KUBERAY)
+  [ "$1" = kuberay ] && default=$(KUBERAY_VERSION=$KUBERAY_DEFAULT part_dir kuberay)
   for d in $(ls -1dt "$CACHE/parts/$1-"*/ 2>/dev/null); do
-    d=${d%/}; [ "$d" = "$keep" ] && continue
+    d=${d%/}; [ "$d" = "$keep" ] || [ "$d" = "$default" ] && continue
     n=$((n + 1)); [ $n -le 1 ] && continue
     echo "[parts] $1: removing $d (older than the last two versions)"; rm -rf "$d"
   done

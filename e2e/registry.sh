@@ -59,7 +59,7 @@ CFG
   echo $! > "$DIR/registry.pid"; echo "127.0.0.1:$port" > "$DIR/registry.addr"
   local i
   for ((i = 0; i < 100; i++)); do
-    curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$port/v2/" && break
+    curl -fs --max-time 2 -o /dev/null "http://127.0.0.1:$port/v2/" && break
     alive || { echo "registry: it exited at start; the last lines of $DIR/registry.log:" >&2; tail -n 8 "$DIR/registry.log" >&2; stop; exit 1; }
     sleep 0.2
   done

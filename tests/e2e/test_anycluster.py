@@ -123,7 +123,8 @@ def test_no_package_registry_address_is_written_in_the_e2e_code() -> None:
 
 
 def _fake_go(tmp_path: Path, version: str, needs: str) -> dict[str, str]:
-    """A `go` that reports `version` and serves a go.mod asking for `needs` (the real go command's -json shape)."""
+    """A `go` that reports `version` and serves a go.mod asking for `needs` (what `go list -m -f {{.GoMod}}`
+    prints: the go.mod's path; parts.sh reads only the go.mod, never the zip a proxy may refuse)."""
     mod = tmp_path / "upstream.mod"
     mod.write_text(f"module example.com/x\n\ngo {needs}\n")
     bin_dir = tmp_path / "bin"
@@ -134,7 +135,7 @@ def _fake_go(tmp_path: Path, version: str, needs: str) -> dict[str, str]:
           "env GOVERSION") echo go{version} ;;
           "env GOFLAGS") echo "-buildvcs=false" ;;
           "env GOPROXY") echo "https://mirror.internal/go" ;;
-          "mod download") echo '{{"Path": "x", "GoMod": "{mod}"}}' ;;
+          "list -m") echo "{mod}" ;;
           *) echo "fake go: $*" >&2; exit 9 ;;
         esac
         """))

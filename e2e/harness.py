@@ -84,6 +84,21 @@ class Run:
         return f"{self.storage_path}/runs/{self.run_name}"
 
 
+def set_args(sets: dict[str, str | int | float | bool]) -> list[str]:
+    """Helm flags for values by their Python type: booleans as YAML's true/false and numbers as numbers (--set),
+    text verbatim (--set-string, so "0.10" or a label "true" stays text). Seen: "true" as text for a boolean
+    field failed `helm install` on the chart's schema ('/training/streaming': got string, want boolean)."""
+    args: list[str] = []
+    for k, v in sets.items():
+        if isinstance(v, bool):
+            args += ["--set", f"{k}={'true' if v else 'false'}"]
+        elif isinstance(v, (int, float)):
+            args += ["--set", f"{k}={v!r}"]
+        else:
+            args += ["--set-string", f"{k}={v}"]
+    return args
+
+
 @dataclass
 class Harness:
     kube: Kube
@@ -128,14 +143,13 @@ class Harness:
         """values/e2e.yaml, then E2E_VALUES (the cluster's images, pull policy, anything else it needs)."""
         return [VALUES, *self.extra_values]
 
-    def helm_install(self, release: str, ns: str, *, sets: dict[str, str | int] | None = None,
+    def helm_install(self, release: str, ns: str, *, sets: dict[str, str | int | float | bool] | None = None,
                      values: list[Path] | None = None, upgrade: bool = False, extra: list[str] | None = None) -> Run:
         """helm install (or upgrade) the chart with values/e2e.yaml; the revision's RayJob and run."""
         args = ["upgrade" if upgrade else "install", release, str(CHART), "-n", ns]
         for v in [*self.values_files(), *(values or [])]:
             args += ["-f", str(v)]
-        for k, v in {**self.base_sets(release), **(sets or {})}.items():  # ints as numbers, the rest verbatim as text
-            args += ["--set" if isinstance(v, int) else "--set-string", f"{k}={v}"]
+        args += set_args({**self.base_sets(release), **(sets or {})})
         args += extra or []
         self.kube.h(*args, timeout=180, what=f"helm {args[0]} {release}")
         if (ns, release) not in self.installed:

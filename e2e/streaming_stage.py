@@ -63,6 +63,21 @@ def _shard(h: Harness, source: Path) -> dict:
     return json.loads(h.storage.path(f"{data_uri}/manifest.json").read_text())
 
 
+def chart_sets(data_uri: str) -> dict[str, str | int | float | bool]:
+    """The release's values over values/e2e.yaml: the stream of data_uri, one epoch, workers whose ephemeral
+    storage is a third of the data (tests/e2e/test_e2e_stage_sets.py renders them through the chart's schema)."""
+    steps = ROWS // GLOBAL_BATCH
+    return {
+        "training.streaming": True, "training.dataset_name": data_uri, "training.streaming_decoders": 1,
+        "training.streaming_object_store_gib": 0.25, "training.eval_fraction": 0, "training.max_steps": steps,
+        "training.global_batch_size": GLOBAL_BATCH, "training.per_device_train_batch_size": 1,
+        "training.save_steps": steps, "training.eval_steps": steps, "training.sample_rows": 0,
+        # one CPU for the Ray Train worker, one for the CPU stage (the head offers none)
+        "workers.resources.limits.cpu": 2,
+        "workers.resources.limits.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi",
+        "workers.resources.requests.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi"}
+
+
 def streamed(h: Harness) -> str:
     manifest = _shard(h, _noise_rows(h.out_dir / "streaming-inputs"))
     data_bytes = sum(s["bytes"] for s in manifest["shards"])
@@ -71,15 +86,7 @@ def streamed(h: Harness) -> str:
         raise StageError(f"the shards hold {data_bytes} bytes, less than 3 x the {EPHEMERAL_LIMIT_MIB} MiB limit")
     ns = h.namespace(NAMESPACE)
     steps = ROWS // GLOBAL_BATCH
-    run = h.helm_install(RELEASE, ns, sets={
-        "training.streaming": "true", "training.dataset_name": h.storage.uri(DATA_KEY), "training.streaming_decoders": 1,
-        "training.streaming_object_store_gib": "0.25", "training.eval_fraction": 0, "training.max_steps": steps,
-        "training.global_batch_size": GLOBAL_BATCH, "training.per_device_train_batch_size": 1,
-        "training.save_steps": steps, "training.eval_steps": steps, "training.sample_rows": 0,
-        # one CPU for the Ray Train worker, one for the CPU stage (the head offers none)
-        "workers.resources.limits.cpu": 2,
-        "workers.resources.limits.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi",
-        "workers.resources.requests.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi"})
+    run = h.helm_install(RELEASE, ns, sets=chart_sets(h.storage.uri(DATA_KEY)))
     h.wait_run(run, timeout=1500)
     summary = h.summary(run)
     stream = summary.get("streaming") or {}

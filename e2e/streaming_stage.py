@@ -72,8 +72,10 @@ def chart_sets(data_uri: str) -> dict[str, str | int | float | bool]:
         "training.streaming_object_store_gib": 0.25, "training.eval_fraction": 0, "training.max_steps": steps,
         "training.global_batch_size": GLOBAL_BATCH, "training.per_device_train_batch_size": 1,
         "training.save_steps": steps, "training.eval_steps": steps, "training.sample_rows": 0,
-        # one CPU for the Ray Train worker, one for the CPU stage (the head offers none)
-        "workers.resources.limits.cpu": 2,
+        # the CPU stage runs only on the training workers' nodes (their image has the trainer's packages), and Ray
+        # Train packs both training workers into one pod when it can: 2 CPUs for them and 1 for the CPU stage there.
+        # Seen with 2: the stage's actor waited for a CPU on that pod forever (PENDING_NODE_ASSIGNMENT).
+        "workers.resources.limits.cpu": 3,
         "workers.resources.limits.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi",
         "workers.resources.requests.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi"}
 

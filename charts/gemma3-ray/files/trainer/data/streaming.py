@@ -2,8 +2,9 @@
 copied to a node whole.
 
 - **Read**: Ray Data reads the manifest's parquet (or WebDataset .tar) shards under the dataset's gs:// prefix.
-- **CPU stages** (`RowStage`, Ray Data actors with one CPU each, on any node with CPUs: the head, the CPU
-  group, the GPU nodes' spare cores): each row is checked as the scan checks it (the same reasons: missing or
+- **CPU stages** (`RowStage`, Ray Data actors with one CPU each, on the training workers' nodes only, whose
+  image has the trainer's packages: the GPU nodes' spare cores; a node needs `streaming_decoders` CPUs free
+  beyond its training workers'): each row is checked as the scan checks it (the same reasons: missing or
   corrupt image, too large, image markers in a text, empty answer or prompt field, too long), bad rows are
   dropped and recorded with their row ids (`streaming/skipped/` in the run), good rows are tokenised and their
   image decoded and processed into pixel values; only those travel on.

@@ -201,3 +201,30 @@ def test_the_stream_state_keeps_row_ids_exactly() -> None:
     state = stream_plan.StreamState.from_json(stream_plan.StreamState(3, 40, set()).to_json(rows, 1000, 52))
     assert (state.epoch, state.epoch_start_step, state.rows, state.resumed_rows) == (3, 40, rows, 6)
     assert stream_plan.StreamState.from_json(b"{torn") is None
+
+
+class _Identity:
+    def __call__(self, batch):
+        return batch
+
+
+def test_a_cpu_stage_that_finds_no_cpu_stops_with_a_sentence_not_a_hang(ray_cluster, monkeypatch) -> None:
+    """Seen on make e2e's streaming stage: the CPU stage's actor, allowed only on the training workers' node,
+    waited PENDING for a CPU that node's training workers held, and Ray Data's default waits forever. Here the
+    stage asks for a resource no node has (pending as that actor was); the run must end in the timeout with the
+    trainer's sentence."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    monkeypatch.setattr(ctx, "wait_for_min_actors_s", ctx.wait_for_min_actors_s)  # restored after the test
+    monkeypatch.setattr(ctx, "execution_options", ctx.execution_options)
+    monkeypatch.setattr(stream_rows, "STAGE_START_TIMEOUT_S", 5)
+    stream_rows.configure_data_context(None)
+    assert ctx.wait_for_min_actors_s == 5
+    ds = ray.data.range(4).map_batches(_Identity, num_cpus=1, concurrency=1, resources={"no-such-resource": 1})
+    with pytest.raises(Exception) as err:
+        ds.take_all()
+    said = stream_rows.stream_stop(err.value, 1)
+    assert said is not None and said.startswith("the streaming CPU stage's 1 actor(s)"), str(err.value)[:600]
+    assert "training.streaming_decoders" in said and "\n" not in said
+    assert stream_rows.stream_stop(RuntimeError("something else"), 1) is None

@@ -115,11 +115,30 @@ class RowStage:
 BAD_ROW_MARK = "\x1ebad_rows=fail\x1e"  # brackets the one sentence a bad_rows=fail stop carries through Ray Data
 
 
+# How long the CPU stage's actors may wait for their CPUs before the run stops with a sentence (Ray Data's default
+# is forever: seen on make e2e, the stage's actor PENDING on a node whose CPUs the training workers held).
+STAGE_START_TIMEOUT_S = 600
+STAGE_START_MARK = "Timed out while starting actors"  # Ray Data's words (ActorPoolMapOperator.start)
+
+
 def bad_row_stop(error: BaseException) -> str | None:
     """The `row N: reason` sentence of a bad_rows=fail stop inside a Ray Data error, or None."""
     text = str(error)
     if BAD_ROW_MARK in text:
         return text.split(BAD_ROW_MARK)[1]
+    return None
+
+
+def stream_stop(error: BaseException, decoders: int) -> str | None:
+    """One sentence for an error of the stream that retrying cannot fix (a bad row under bad_rows=fail, the CPU
+    stage finding no CPU), or None."""
+    sentence = bad_row_stop(error)
+    if sentence is not None:
+        return sentence
+    if STAGE_START_MARK in str(error):
+        return (f"the streaming CPU stage's {decoders} actor(s) (1 CPU each) found no free CPU on the training "
+                f"workers' nodes in {STAGE_START_TIMEOUT_S} s: give the worker pods training.streaming_decoders CPUs "
+                f"beyond their training workers' (workers.resources), or lower training.streaming_decoders")
     return None
 
 
@@ -161,6 +180,7 @@ def configure_data_context(object_store_bytes: int | None) -> None:
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
+    ctx.wait_for_min_actors_s = STAGE_START_TIMEOUT_S  # the CPU stage's actors: a sentence, never a hang
     if object_store_bytes:
         ctx.execution_options.resource_limits = ctx.execution_options.resource_limits.copy(
             object_store_memory=object_store_bytes)

@@ -124,10 +124,10 @@ def train(config: dict[str, Any]) -> None:
             trainer.model.print_trainable_parameters()
         try:
             result = trainer.train(resume_from_checkpoint=resume.directory)
-        except Exception as e:  # bad_rows=fail met a bad row in the stream: one sentence, no retry, no traceback
-            from trainer.data.stream_rows import bad_row_stop
+        except Exception as e:  # the stream met what no retry fixes: one sentence, no retry, no traceback
+            from trainer.data.stream_rows import stream_stop
 
-            sentence = bad_row_stop(e)
+            sentence = stream_stop(e, args.streaming_decoders)
             if sentence is None:
                 raise
             storage.write_bytes(USAGE_ERROR_FILE, sentence.encode())

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from localkit.sample_data import build_sample_dataset
-from tests.trainer.conftest import GCS_BUCKET
-from tests.trainer.faults import KillWorkerAfterStep, RefuseOnRankOne
+from tests.trainer.conftest import GCS_RUN_KILL_AFTER, GCS_RUN_STEPS
+from tests.trainer.faults import RefuseOnRankOne
 from tests.trainer.faults import marker as fault_marker
 from trainer import vision_train
 from trainer.data.dataset import prepare_data
@@ -174,13 +174,12 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     assert summary["final_eval_loss"] == pytest.approx(token_mean, rel=LOSS_RTOL)
 
 
-def test_resume_drill_on_gcs(local_run, fake_gcs, tiny_model, data, cache_dir) -> None:
+def test_resume_drill_on_gcs(local_run, gcs_restart_run, fake_gcs) -> None:
     """Rank 1 is killed after step 3; Ray restarts the group, which resumes from the step-2 checkpoint
-    on gs:// and ends at step 5 with the same per-step losses as the uninterrupted run."""
-    release = f"gs://{GCS_BUCKET}/drill"
-    summary = vision_train.main([*job_flags(tiny_model, data, cache_dir, release, DRILL_MAX_STEPS, run_name="drill-1"),
-                                 "--save_total_limit=1"], callbacks=[KillWorkerAfterStep(FAULT_AT_STEP)])
-    root = f"{release}/runs/drill-1"
+    on gs:// and ends at step 5 with the same per-step losses as the uninterrupted run. The job (data and
+    storage on gs://) is conftest's gcs_restart_run, which test_scale counts the downloads of."""
+    summary, root = gcs_restart_run["summary"], gcs_restart_run["root"]
+    assert (DRILL_MAX_STEPS, FAULT_AT_STEP) == (GCS_RUN_STEPS, GCS_RUN_KILL_AFTER)
     storage = Storage(root=root, emulator_host=fake_gcs)
     assert storage.read_bytes(fault_marker(FAULT_AT_STEP)) is not None  # the fault did fire
     assert summary["global_step"] == DRILL_MAX_STEPS

@@ -46,6 +46,9 @@ def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_s
         "--global_batch_size=8", "--per_device_train_batch_size=2", f"--max_steps={max_steps}",
         "--logging_steps=1", "--save_strategy=steps", f"--save_steps={SAVE_STEPS}", "--eval_fraction=0.2",
         "--learning_rate=5e-3", "--gradient_checkpointing=false", "--max_failures=2", "--seed=7",
+        # The end-of-run samples still run (base and adapter, samples.jsonl, report.html), 8 tokens long: no test
+        # of these jobs reads their text, and the default 256 greedy tokens of the random model cost ~5 s a run.
+        "--sample_max_new_tokens=8",
     ]
 
 

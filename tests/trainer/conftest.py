@@ -139,3 +139,54 @@ def fake_gcs_uploads(fake_gcs) -> Callable[[], list[str]]:
         return [f"gs://{m.group(1)}/{urllib.parse.unquote(m.group(2))}" for m in found if m]
 
     return written
+
+
+# ------------------------------------------------------------------ one killed-and-resumed job on gs://
+GCS_RUN_PREFIX = "scale"  # gs://GCS_BUCKET/scale/{data,storage}
+GCS_RUN_ROWS = 10  # test_ray_job's N_ROWS: 8 trained on, 2 held out
+GCS_RUN_STEPS = 5  # global batch 8 = every training row per step: 5 epochs
+GCS_RUN_KILL_AFTER = 3  # between the checkpoints of steps 2 and 4: the restart resumes from step 2
+GCS_RUN_NAME = "drill-1"
+
+
+def upload_rows(storage, n_rows: int, work: Path) -> str:
+    """The demo's rows as gs://…/data/train.parquet with each image a separate object under images/."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from localkit.sample_data import rows
+
+    data = rows(n_rows, seed=0)
+    for i, row in enumerate(data):
+        storage.write_bytes(f"data/images/{i:04d}.png", row["image"]["bytes"])
+        row["image"] = f"images/{i:04d}.png"
+    work.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(data), work / "train.parquet")
+    storage.write_bytes("data/train.parquet", (work / "train.parquet").read_bytes())
+    return storage.uri("data")
+
+
+@pytest.fixture(scope="session")
+def gcs_restart_run(ray_cluster, fake_gcs, fake_gcs_downloads, fake_gcs_uploads, tiny_model,
+                    tmp_path_factory) -> dict:
+    """One job whose data and storage are on gs:// (fake-gcs-server), rank 1 killed after step
+    GCS_RUN_KILL_AFTER, restarted by Ray from the step-2 checkpoint. Two modules assert on it (one run, not
+    two): test_ray_job's resume drill (each step once, the uninterrupted run's losses, save_total_limit) and
+    test_scale's counts from the server's request log (each image downloaded once on the node, the scan
+    written once and read back by the restart). The data: the sample rows of test_ray_job's `data` fixture
+    (same rows, seed and order), as a parquet whose images are separate objects beside it; a node cache of
+    its own, so every download is counted."""
+    from tests.trainer.faults import KillWorkerAfterStep
+    from tests.trainer.test_ray_job import job_flags
+    from trainer import vision_train
+    from trainer.job.storage import Storage
+
+    tmp = tmp_path_factory.mktemp("gcs-run")
+    bucket = Storage(root=f"gs://{GCS_BUCKET}/{GCS_RUN_PREFIX}", emulator_host=fake_gcs)
+    data = upload_rows(bucket, GCS_RUN_ROWS, tmp / "rows")
+    release = bucket.uri("storage")
+    summary = vision_train.main(
+        [*job_flags(tiny_model, data, tmp / "node-cache", release, GCS_RUN_STEPS, run_name=GCS_RUN_NAME),
+         "--save_total_limit=1"], callbacks=[KillWorkerAfterStep(GCS_RUN_KILL_AFTER)])
+    return {"summary": summary, "data": data, "release": release, "root": f"{release}/runs/{GCS_RUN_NAME}",
+            "downloads": fake_gcs_downloads(), "uploads": fake_gcs_uploads()}

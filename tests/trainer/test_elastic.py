@@ -98,19 +98,26 @@ def train_losses(job: dict[str, Any]) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def drill(tiny_model, cache_dir, tmp_path_factory) -> dict[str, Any]:
+def drill(ray_cluster, tiny_model, cache_dir, tmp_path_factory) -> dict[str, Any]:
+    from tests.trainer.drill_callbacks import RecordSamples
+    from trainer import vision_train as vt
+
     tmp = tmp_path_factory.mktemp("elastic")
     data = build_rows(tmp / "data", N_ROWS)
+    # The uninterrupted reference loses and gains no node: a plain 2-worker job on the session's cluster, in
+    # this process (in the drill it cost one more local cluster of its own). The same flags and records.
+    records = tmp / "records" / "uninterrupted"
+    reference = {"name": "uninterrupted", "summary": vt.main(flags(tiny_model, data, cache_dir, tmp / "uninterrupted",
+                                                                   False),
+                                                             callbacks=[RecordSamples(str(records), ID_PATTERN)])}
     jobs = [
-        {"name": "uninterrupted", "flags": flags(tiny_model, data, cache_dir, tmp / "uninterrupted", False),
-         "deadline_s": DEADLINE_S},
         {"name": "elastic", "flags": flags(tiny_model, data, cache_dir, tmp / "elastic", True),
          "deadline_s": DEADLINE_S, "remove_node_after_step": REMOVE_AFTER_STEP},
         # Starts on the head alone; the second node joins after step REMOVE_AFTER_STEP.
         {"name": "regrow", "flags": flags(tiny_model, data, cache_dir, tmp / "regrow", True), "nodes": 1,
          "deadline_s": DEADLINE_S, "add_node_after_step": REMOVE_AFTER_STEP},
     ]
-    return {"tmp": tmp, "jobs": run_drill(tmp, jobs)}
+    return {"tmp": tmp, "jobs": {"uninterrupted": reference, **run_drill(tmp, jobs)}}
 
 
 def test_job_finishes_on_the_surviving_worker(drill) -> None:

@@ -96,8 +96,7 @@ def check_data_on_head(dataset: str, cache: Path, emulator: str = "") -> subproc
 def test_the_driver_checks_gs_data_with_ray_only(fake_gcs: str, tmp_path: Path) -> None:
     """The driver's up-front data check (columns, row count) of gs:// data runs on a Ray-only head (the stock
     Ray image: no datasets, no torch). Seen on the real cluster of `make e2e`: `import datasets` failed the job."""
-    from tests.trainer.conftest import GCS_BUCKET
-    from tests.trainer.test_scale import upload_rows
+    from tests.trainer.conftest import GCS_BUCKET, upload_rows
     from trainer.job.storage import Storage
 
     uri = upload_rows(Storage(root=f"gs://{GCS_BUCKET}/light-driver", emulator_host=fake_gcs), 6, tmp_path / "w")

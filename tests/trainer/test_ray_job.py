@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from localkit.sample_data import build_sample_dataset
-from tests.trainer.conftest import GCS_BUCKET
-from tests.trainer.faults import KillWorkerAfterStep, RefuseOnRankOne
+from tests.trainer.conftest import GCS_RUN_KILL_AFTER, GCS_RUN_STEPS
+from tests.trainer.faults import RefuseOnRankOne
 from tests.trainer.faults import marker as fault_marker
 from trainer import vision_train
 from trainer.data.dataset import prepare_data
@@ -46,6 +46,9 @@ def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_s
         "--global_batch_size=8", "--per_device_train_batch_size=2", f"--max_steps={max_steps}",
         "--logging_steps=1", "--save_strategy=steps", f"--save_steps={SAVE_STEPS}", "--eval_fraction=0.2",
         "--learning_rate=5e-3", "--gradient_checkpointing=false", "--max_failures=2", "--seed=7",
+        # The end-of-run samples still run (base and adapter, samples.jsonl, report.html), 8 tokens long: no test
+        # of these jobs reads their text, and the default 256 greedy tokens of the random model cost ~5 s a run.
+        "--sample_max_new_tokens=8",
     ]
 
 
@@ -174,13 +177,12 @@ def test_eval_loss_is_the_true_token_mean(ray_cluster, tiny_model, processor, da
     assert summary["final_eval_loss"] == pytest.approx(token_mean, rel=LOSS_RTOL)
 
 
-def test_resume_drill_on_gcs(local_run, fake_gcs, tiny_model, data, cache_dir) -> None:
+def test_resume_drill_on_gcs(local_run, gcs_restart_run, fake_gcs) -> None:
     """Rank 1 is killed after step 3; Ray restarts the group, which resumes from the step-2 checkpoint
-    on gs:// and ends at step 5 with the same per-step losses as the uninterrupted run."""
-    release = f"gs://{GCS_BUCKET}/drill"
-    summary = vision_train.main([*job_flags(tiny_model, data, cache_dir, release, DRILL_MAX_STEPS, run_name="drill-1"),
-                                 "--save_total_limit=1"], callbacks=[KillWorkerAfterStep(FAULT_AT_STEP)])
-    root = f"{release}/runs/drill-1"
+    on gs:// and ends at step 5 with the same per-step losses as the uninterrupted run. The job (data and
+    storage on gs://) is conftest's gcs_restart_run, which test_scale counts the downloads of."""
+    summary, root = gcs_restart_run["summary"], gcs_restart_run["root"]
+    assert (DRILL_MAX_STEPS, FAULT_AT_STEP) == (GCS_RUN_STEPS, GCS_RUN_KILL_AFTER)
     storage = Storage(root=root, emulator_host=fake_gcs)
     assert storage.read_bytes(fault_marker(FAULT_AT_STEP)) is not None  # the fault did fire
     assert summary["global_step"] == DRILL_MAX_STEPS

@@ -2,7 +2,8 @@
 console (the driver as `ray job submit` runs it: Ray's worker and controller logs reach it), and Ray starts the
 worker group once, never again (the README: "without Ray retrying it"). Before, the console showed 7-9
 traceback blocks and a second worker group. The driver runs in a process of its own, connected to the test's
-Ray cluster, with log_to_driver on."""
+Ray cluster, with log_to_driver on. The bad_rows=fail run also holds tests/trainer/test_messy_data.py's claim for
+those rows (issue #13): it stops before training, naming the row, and trains no step (one run for both)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 @pytest.fixture(scope="module")
-def messy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """rows.jsonl: 6 good rows and 3 bad ones (row 6: corrupt_image); jsonl, so no row count before the scan."""
+def messy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """rows.jsonl: 6 good rows and 3 bad ones (row 6: corrupt_image); jsonl, so no row count before the scan.
+    Also {reason: row index} of the bad rows."""
     sample = build_sample_dataset(tmp_path_factory.mktemp("sample"), n_rows=N_GOOD, seed=0)
-    return write_messy_jsonl(sample, tmp_path_factory.mktemp("messy"), n_good=N_GOOD)[0]
+    return write_messy_jsonl(sample, tmp_path_factory.mktemp("messy"), n_good=N_GOOD)
 
 
 def run_driver(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
@@ -62,7 +64,10 @@ def run_driver(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
 def test_a_usage_error_on_the_workers_is_one_sentence_and_one_worker_group(ray_cluster, tiny_model, cache_dir, messy,
                                                                            tmp_path, extra: list[str],
                                                                            sentence: str) -> None:
-    flags = [*job_flags(tiny_model, messy, cache_dir, str(tmp_path / "storage"), 3, run_name="refused"),
+    data, where = messy
+    if "--bad_rows=fail" in extra:  # the row the sentence names is the corrupt one
+        assert sentence.startswith(f"row {where['corrupt_image']}: corrupt_image; ")
+    flags = [*job_flags(tiny_model, data, cache_dir, str(tmp_path / "storage"), 3, run_name="refused"),
              "--eval_fraction=0", "--sample_rows=0", *extra]
     proc, workers = run_driver(flags)
     console = proc.stdout + proc.stderr
@@ -70,6 +75,10 @@ def test_a_usage_error_on_the_workers_is_one_sentence_and_one_worker_group(ray_c
     assert proc.stderr.splitlines().count(f"error: {sentence}") == 1, console[-6000:]  # Ray's log lines may follow
     assert "Traceback" not in console, console[-8000:]
     assert workers == 2, f"{workers} Ray Train workers started: the group was started again"
+    # Stopped before training: no summary, no metrics, no checkpoint (test_messy_data's bad_rows=fail claim).
+    run = tmp_path / "storage" / "runs" / "refused"
+    assert not (run / "summary.json").exists() and not (run / "metrics.jsonl").exists()
+    assert not list(run.rglob("checkpoint-*"))  # no step was trained
 
 
 def test_a_row_count_known_up_front_is_checked_before_any_worker(ray_cluster, tiny_model, cache_dir,

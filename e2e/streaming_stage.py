@@ -72,10 +72,18 @@ def chart_sets(data_uri: str) -> dict[str, str | int | float | bool]:
         "training.streaming_object_store_gib": 0.25, "training.eval_fraction": 0, "training.max_steps": steps,
         "training.global_batch_size": GLOBAL_BATCH, "training.per_device_train_batch_size": 1,
         "training.save_steps": steps, "training.eval_steps": steps, "training.sample_rows": 0,
+        # the adapter alone: with values/e2e.yaml's trained embedding the end-of-run checkpoint (67 MB of weights,
+        # 134 MB of Adam state) filled the workers' 256Mi of ephemeral storage beside the model, and the kubelet
+        # evicted them after the last step (seen through KUBECONFIG); the stage is about the data, not that
+        "training.train_embeddings": False,
         # the CPU stage runs only on the training workers' nodes (their image has the trainer's packages), and Ray
         # Train packs both training workers into one pod when it can: 2 CPUs for them and 1 for the CPU stage there.
         # Seen with 2: the stage's actor waited for a CPU on that pod forever (PENDING_NODE_ASSIGNMENT).
         "workers.resources.limits.cpu": 3,
+        # that pod then holds both training workers (1.5 GB each on the tiny model), Ray Data's split coordinator
+        # (1.2 GB) and the CPU stage (0.9 GB), RSS seen with ps; at values/e2e.yaml's 4Gi Ray's memory monitor
+        # killed the shard reads over and over (seen: "10 Workers killed due to memory pressure" a minute)
+        "workers.resources.limits.memory": "7Gi",
         "workers.resources.limits.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi",
         "workers.resources.requests.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi"}
 

@@ -118,6 +118,11 @@ def test_outputs_land_where_the_contract_says(local_run, tiny_model) -> None:
     assert torch.allclose(merged.state_dict()[name], folded[name])
     assert not torch.allclose(merged.state_dict()[name], AutoModelForImageTextToText.from_pretrained(
         str(tiny_model)).state_dict()[name])
+    # the end-of-run samples ran on the adapter, not after the merge unloaded it (seen: every merge run's
+    # samples failed "No adapter layers found", summary.samples_error set, no samples.jsonl)
+    summary = local_run["summary"]
+    assert summary["samples_error"] is None and summary["samples_rows"] > 0, summary["samples_error"]
+    assert (storage / "samples.jsonl").is_file()
 
 
 def answer_token_nll(model_dir: Path, rows, collator) -> list[tuple[float, int]]:

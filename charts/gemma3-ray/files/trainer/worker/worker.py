@@ -250,20 +250,20 @@ def finish(ctx: WorkerContext, trainer, processor, stats: dict[str, Any], report
     trainer.model.save_pretrained(str(out))
     processor.save_pretrained(str(out))
     storage.upload_dir(out, FINAL_DIR)
+    hub_repo = (args.hub_model_id or Path(args.output_dir).name) if args.push_to_hub else None
+    if hub_repo:  # the adapter: before the merge, which unloads its layers from trainer.model
+        trainer.model.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
+        processor.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
+    if reporter.tb_dir.is_dir():
+        storage.upload_dir(reporter.tb_dir, TENSORBOARD_DIR)
+    sampled = report_hook.end_of_run_samples(trainer, args, storage)  # base and adapter: before the merge too
     merged_uri = None
-    if args.merge_adapter:
+    if args.merge_adapter:  # last: merge_and_unload folds the adapter into the base and removes its layers
         merged = trainer.model.merge_and_unload()
         merged.save_pretrained(str(out.parent / MERGED_DIR))
         processor.save_pretrained(str(out.parent / MERGED_DIR))
         storage.upload_dir(out.parent / MERGED_DIR, MERGED_DIR)
         merged_uri = storage.uri(MERGED_DIR)
-    hub_repo = (args.hub_model_id or Path(args.output_dir).name) if args.push_to_hub else None
-    if hub_repo:
-        trainer.model.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
-        processor.push_to_hub(hub_repo, token=os.environ["HF_TOKEN"], private=True)
-    if reporter.tb_dir.is_dir():
-        storage.upload_dir(reporter.tb_dir, TENSORBOARD_DIR)
-    sampled = report_hook.end_of_run_samples(trainer, args, storage)
     summary = build_summary(trainer, storage, stats, reporter, result, final_eval, {
         **extra, "final_adapter": storage.uri(FINAL_DIR), "merged_model": merged_uri, "hub_model_id": hub_repo,
         **sampled})

@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # or a failure cuts short, the finally stops by process id (localkit/processes.py).
     gcs = FakeGcs(run_dir / "gcs", run_dir / "fake-gcs-server.log")
     head = None
+    failed = True  # until the job succeeded: the head's logs are kept on every other exit
     try:
         gcs.start()
         gcs.create_bucket(bucket)
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                              job.num_workers + (STREAM_EXTRA_CPUS if args.streaming else 0))
             t = time.monotonic()
             head = ray_head(num_cpus, run_dir / "ray-head.log", args.ray_port, args.dashboard_port)
+            head.note = say
             head.start()
             say(
                 f"3/4 local Ray head (pid {head.process.pid}) on 127.0.0.1: GCS :{head.gcs_port}, Jobs API "
@@ -288,10 +290,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             max_steps=int(job.flags["max_steps"]) if job.flags.get("max_steps") else None,
             on_tick=head.remember_pids if head else None,
             metadata={"source": "make demo", "configmap": job.configmap_name},
+            head_logs=str(head.logs_copy / "job") if head else f"the logs of your Ray cluster ({user_cluster})",
         )
         require_success(outcome)
+        failed = False
     finally:
         with deferred_signals(say):  # a second Ctrl-C waits until everything is stopped
+            if head is not None and failed and head.stopped is None:
+                kept = head.keep_logs("job")  # its temp dir goes with it: what a failure needs is kept
+                if kept:
+                    say(f"the Ray head's logs are kept in {kept}")
             if head is not None:
                 say(head.stop_sentence())
             say(gcs.stop_sentence())

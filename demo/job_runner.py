@@ -25,6 +25,7 @@ TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 # Submission retries: Ray's job agent starts a moment after the dashboard answers (a loaded machine
 # answers "No available agent to submit job" or a 5xx meanwhile), and a head may refuse connections.
 SUBMIT_DEADLINE_S = 120.0
+HEAD_LOGS = "the Ray head's session logs (<its temp dir>/session_latest/logs)"
 SUBMIT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0)  # then 4 s until the deadline
 _TRANSIENT = re.compile(r"No available agent to submit job|status code 5\d\d|Connection refused|"
                         r"Failed to establish a new connection|Max retries exceeded|RemoteDisconnected", re.I)
@@ -127,9 +128,11 @@ async def _follow(client, submission_id: str, out: _Out, metrics_path: MetricsPa
 
 def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path, *,
             metrics_path: MetricsPath = None, max_steps: int | None = None,
-            on_tick: Callable[[], None] | None = None, metadata: dict[str, str] | None = None) -> JobOutcome:
+            on_tick: Callable[[], None] | None = None, metadata: dict[str, str] | None = None,
+            head_logs: str = HEAD_LOGS) -> JobOutcome:
     """Submit, stream the logs until the job ends, and return its outcome."""
-    submission_id = submit(client, entrypoint=entrypoint, runtime_env=runtime_env, metadata=metadata)
+    submission_id = submit(client, head_logs=head_logs, entrypoint=entrypoint, runtime_env=runtime_env,
+                           metadata=metadata)
     print(f"[demo] submitted job {submission_id}; its log follows, without Ray's own logging "
           f"(all of it: {log_path})", flush=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,9 +160,11 @@ def run_job(client, entrypoint: str, runtime_env: dict[str, Any], log_path: Path
     return JobOutcome(submission_id, str(info.status), info.message or "", wall, log_path, uploaded)
 
 
-def submit(client, *, deadline_s: float = SUBMIT_DEADLINE_S, say: Callable[[str], None] = print, **job: Any) -> str:
+def submit(client, *, deadline_s: float = SUBMIT_DEADLINE_S, say: Callable[[str], None] = print,
+           head_logs: str = HEAD_LOGS, **job: Any) -> str:
     """``client.submit_job(**job)``, retried with backoff while the Jobs API answers with a transient
-    error (no job agent yet, a 5xx, connection refused) until ``deadline_s``; then one sentence."""
+    error (no job agent yet, a 5xx, connection refused) until ``deadline_s``; then one sentence naming
+    ``head_logs``, where the head's logs are."""
     start = time.monotonic()
     attempt = 0
     while True:
@@ -175,8 +180,8 @@ def submit(client, *, deadline_s: float = SUBMIT_DEADLINE_S, say: Callable[[str]
             if waited + pause > deadline_s:
                 raise DemoError(
                     f"the Ray Jobs API did not accept the job within {deadline_s:.0f} s ({attempt + 1} attempts; "
-                    f"last answer: {first}): the Ray head is up but its job agent is not; check the head's log "
-                    "(/tmp/ray/session_latest/logs/dashboard_agent.log) and run `make demo` again.") from exc
+                    f"last answer: {first}): the Ray head is up but its job agent is not; its log "
+                    f"(dashboard_agent.log) is in {head_logs}; run `make demo` again.") from exc
             attempt += 1
             say(f"[demo] the Jobs API is not ready ({first[:120]}); retry {attempt} in {pause:.1f} s")
             time.sleep(pause)

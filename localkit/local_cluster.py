@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,11 @@ from localkit.processes import STOP_GRACE_S, Owned, Stopped
 
 LOCALHOST = "127.0.0.1"
 RAY_START_TIMEOUT_S = 90.0
+# The head's dashboard agent runs the Jobs API's jobs; the Jobs API answers before it does (2 s later on an
+# idle 2-core machine here). A head whose agent never comes up refuses every job ("No available agent to
+# submit job"): seen once in CI, its logs gone with the temp dir. Waited for here, and the head started again.
+AGENT_START_TIMEOUT_S = 90.0
+HEAD_START_ATTEMPTS = 2
 GCS_START_TIMEOUT_S = 15.0
 POLL_S = 0.5
 # Ray's shared-memory object store: the job passes no large objects; keep it small on shared machines.
@@ -141,6 +147,15 @@ class RayHead(OwnsProcess):
     dashboard_port: int
     token: str = field(repr=False, default_factory=lambda: secrets.token_hex(32))
     temp_dir: Path = field(default_factory=_temp_dir_name)
+    agent_port: int = field(default_factory=free_port)  # the dashboard agent's HTTP port
+    agent_timeout_s: float = field(default=AGENT_START_TIMEOUT_S, kw_only=True)
+    # Where start() says that it starts the head again, and why.
+    note: Callable[[str], None] = field(default=print, repr=False, kw_only=True)
+    attempts: list[str] = field(default_factory=list, kw_only=True)  # why each earlier start was given up
+    # Ports the user chose are kept when the head starts again; the others are picked afresh.
+    gcs_port_given: bool = field(default=False, kw_only=True)
+    dashboard_port_given: bool = field(default=False, kw_only=True)
+
     @property
     def gcs_address(self) -> str:
         return f"{LOCALHOST}:{self.gcs_port}"
@@ -162,8 +177,59 @@ class RayHead(OwnsProcess):
         if self.owned:
             self.owned.remember()
 
+    @property
+    def agent_url(self) -> str:
+        return f"http://{LOCALHOST}:{self.agent_port}"
+
+    @property
+    def logs_copy(self) -> Path:
+        """Where a failed start leaves the head's logs (its temp dir is removed when it stops)."""
+        return self.log_path.parent / "ray-head-logs"
+
     def start(self) -> None:
-        """``ray start --head --block``; returns once its Jobs API answers (DemoError if it does not)."""
+        """``ray start --head --block``; returns once its Jobs API and its job agent answer. A start that
+        fails is stopped, its logs kept in ``logs_copy``, and the head started again on fresh ports and a
+        fresh temp dir, up to HEAD_START_ATTEMPTS times; then a DemoError naming the logs."""
+        for attempt in range(1, HEAD_START_ATTEMPTS + 1):
+            try:
+                self._start_once()
+                return
+            except HeadStartFailed as exc:
+                kept = self.keep_logs(f"start-attempt-{attempt}")
+                stopped = self.owned.stop() if self.owned else Stopped(None)
+                remove_temp_dir(self.temp_dir)
+                self.attempts.append(str(exc))
+                if attempt == HEAD_START_ATTEMPTS:
+                    self.stopped = stopped
+                    raise DemoError(
+                        f"the local Ray head did not start after {attempt} attempt{'s' if attempt > 1 else ''} "
+                        f"(the last: {exc}); its logs: "
+                        f"{kept or self.log_path}. Run `make demo` again; if it fails the same way, the "
+                        "logs name the cause (dashboard_agent.log, raylet.out)") from None
+                self.note(f"[demo] the local Ray head did not start ({exc}); stopped its {len(stopped.stopped)} "
+                          f"processes, logs kept in {kept or self.log_path}; starting it again on fresh ports")
+                self.owned = None
+                self.temp_dir = _temp_dir_name()
+                self.agent_port = free_port()
+                if not self.gcs_port_given:
+                    self.gcs_port = free_port()
+                if not self.dashboard_port_given:
+                    self.dashboard_port = free_port()
+
+    def keep_logs(self, label: str) -> Path | None:
+        """Copy the head's session logs and its `ray start` output to ``logs_copy/label`` (the temp dir
+        goes when the head stops); the copy's path, or None when nothing could be copied."""
+        dest = self.logs_copy / label
+        with contextlib.suppress(OSError, shutil.Error):
+            dest.mkdir(parents=True, exist_ok=True)
+            src = self.temp_dir / "session_latest" / "logs"
+            if src.is_dir():
+                shutil.copytree(src, dest, symlinks=False, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+            if self.log_path.is_file():
+                shutil.copy2(self.log_path, dest / "ray-start.log")
+        return dest if dest.is_dir() and any(dest.iterdir()) else None
+
+    def _start_once(self) -> None:
         env = dict(os.environ)
         env.update(
             RAY_AUTH_MODE="token",
@@ -184,7 +250,7 @@ class RayHead(OwnsProcess):
             f"--dashboard-host={LOCALHOST}",
             f"--dashboard-port={self.dashboard_port}",
             f"--ray-client-server-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-listen-port={self.agent_port}",
             f"--metrics-export-port={free_port()}",
             f"--temp-dir={self.temp_dir}",
             f"--num-cpus={self.num_cpus}",
@@ -197,25 +263,28 @@ class RayHead(OwnsProcess):
         self.temp_dir.mkdir(mode=0o700)
         with open(self.log_path, "wb") as log:
             proc = self.owned.popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + RAY_START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        self._wait_for("its Jobs API", lambda: _answers(f"{self.dashboard_url}/api/version", self.token),
+                       RAY_START_TIMEOUT_S, proc)
+        self._wait_for("its job agent", lambda: _answers(f"{self.agent_url}/api/healthz", self.token),
+                       self.agent_timeout_s, proc)
+
+    def _wait_for(self, what: str, up: Callable[[], bool], timeout_s: float, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
             if proc.poll() is not None:
-                text = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-25:])
+                lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
                 hint = ""
-                if "already in use" in text or "Address already in use" in text:
-                    hint = "\nA port is in use: pass free ones with --ray-port/--dashboard-port, or omit them."
-                raise DemoError(f"`ray start --head` exited with code {proc.returncode}:\n{text}{hint}")
-            if _dashboard_up(self.dashboard_url, self.token):
+                if any("already in use" in ln for ln in lines[-25:]):
+                    hint = " (a port is in use: pass free ones with --ray-port/--dashboard-port, or omit them)"
+                last = f": {lines[-1][:200]}" if lines else ""
+                raise HeadStartFailed(f"`ray start --head` exited with code {proc.returncode}{hint}{last}")
+            if up():
                 self.remember_pids()
                 return
             self.remember_pids()
+            if time.monotonic() >= deadline:
+                raise HeadStartFailed(f"{what} did not answer within {timeout_s:.0f} s")
             time.sleep(POLL_S)
-        logs = self.log_path.parent / "ray-head-logs"
-        with contextlib.suppress(OSError, shutil.Error):
-            shutil.copytree(self.temp_dir / "session_latest" / "logs", logs, symlinks=False,
-                            ignore_dangling_symlinks=True, dirs_exist_ok=True)
-        raise DemoError(f"the Ray head did not answer at {self.dashboard_url} within {RAY_START_TIMEOUT_S:.0f} s; "
-                        f"see {self.log_path} and its logs, copied to {logs}")
 
     def stop(self) -> list[int]:
         """Stop every process of this head by id and remove its temp dir; idempotent."""
@@ -246,8 +315,12 @@ def _ray_cli() -> str:
     return str(exe)
 
 
-def _dashboard_up(url: str, token: str) -> bool:
-    req = urllib.request.Request(f"{url}/api/version", headers={"Authorization": f"Bearer {token}"})
+class HeadStartFailed(DemoError):
+    """One start of the head failed (it exited, or a server of it never answered): start() tries again."""
+
+
+def _answers(url: str, token: str) -> bool:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(req, timeout=2) as resp:
             return resp.status == 200
@@ -270,9 +343,10 @@ def require_jobs_api_packages() -> None:
 def ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
              dashboard_port: int | None = None) -> RayHead:
     """A head on free (or the given, checked) ports; nothing started yet: call start(), and stop() in a finally."""
-    gcs_port = require_port_free(gcs_port, "--ray-port") if gcs_port else free_port()
-    dashboard_port = require_port_free(dashboard_port, "--dashboard-port") if dashboard_port else free_port()
-    return RayHead(num_cpus, log_path, gcs_port, dashboard_port)
+    return RayHead(num_cpus, log_path,
+                   require_port_free(gcs_port, "--ray-port") if gcs_port else free_port(),
+                   require_port_free(dashboard_port, "--dashboard-port") if dashboard_port else free_port(),
+                   gcs_port_given=bool(gcs_port), dashboard_port_given=bool(dashboard_port))
 
 
 def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,

@@ -87,10 +87,13 @@ def test_no_agent_and_5xx_are_retried_until_accepted(api: JobsApi) -> None:
 def test_a_deadline_ends_in_one_sentence(api: JobsApi) -> None:
     api.failures = [(500, NO_AGENT)] * 1000
     with pytest.raises(DemoError) as raised:
-        job_runner.submit(_client(api), deadline_s=0.3, say=lambda _: None, entrypoint="echo hi", runtime_env={})
+        job_runner.submit(_client(api), deadline_s=0.3, say=lambda _: None, head_logs="/run/ray-head-logs/job",
+                          entrypoint="echo hi", runtime_env={})
     text = str(raised.value)
     assert text.startswith("the Ray Jobs API did not accept the job within")
     assert "No available agent" in text and "\n" not in text
+    # It names where the head's logs are (the demo keeps them there), never Ray's default /tmp/ray.
+    assert "is in /run/ray-head-logs/job;" in text and "/tmp/ray" not in text
     assert api.posts > 1
 
 

@@ -61,9 +61,20 @@ def run_child(argv: list[str], *, timeout: float, cwd=None, env=None) -> subproc
     """Run argv to its end, output captured. On a signal here: the same signal to the child, then wait
     (up to CHILD_CLEANUP_S) for it to finish its clean-up, then re-raise. On timeout: SIGTERM, the same wait,
     then subprocess.TimeoutExpired."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
-                            start_new_session=True)
+    # A signal while Popen runs (the script may already run its first lines: seen under load, a ^C right after
+    # the script's first output never reached it) is held until the child is known, then acted on as usual.
+    held: list[int] = []
+    outer = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in HANDLED}
     try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
+                                start_new_session=True)
+    except BaseException:
+        _restore(outer)
+        raise
+    try:
+        _restore(outer)
+        for signum in held:  # again, to the handler in force (Interrupted; in a clean-up, noted only)
+            signal.raise_signal(signum)
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _finish(proc, signal.SIGTERM)
@@ -72,6 +83,11 @@ def run_child(argv: list[str], *, timeout: float, cwd=None, env=None) -> subproc
         _finish(proc, getattr(e, "signum", signal.SIGINT))
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _restore(handlers: dict) -> None:
+    for s, h in handlers.items():
+        signal.signal(s, h)
 
 
 def _finish(proc: subprocess.Popen, signum: int) -> None:

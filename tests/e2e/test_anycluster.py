@@ -260,6 +260,37 @@ def test_a_signal_to_make_e2e_reaches_the_script_which_finishes_its_clean_up(tmp
 
 
 
+def test_a_signal_while_the_script_starts_still_reaches_it(tmp_path: Path, monkeypatch) -> None:
+    """The signal lands inside subprocess.Popen, after the script started (a ^C right after its first line, seen
+    under load): the script still gets it and finishes its clean-up before the interrupt goes on."""
+    from e2e import proc
+
+    script, out = tmp_path / "stand_in.sh", tmp_path / "out"
+    script.write_text(STAND_IN)
+    real = subprocess.Popen
+
+    class SignalledWhileStarting(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            deadline = time.monotonic() + 30
+            while not (out.exists() and "started" in out.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)  # handled before this constructor returns
+
+    saved = {s: signal.getsignal(s) for s in proc.HANDLED}
+    monkeypatch.setattr(subprocess, "Popen", SignalledWhileStarting)
+    try:
+        proc.install()
+        with pytest.raises(proc.Interrupted) as got:
+            proc.run_child(["bash", str(script), str(out)], timeout=60)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert got.value.signum == signal.SIGTERM
+    assert out.read_text().splitlines() == ["started", "got TERM", "cleaned TERM"]
+    assert not Path(f"/proc/{int((tmp_path / 'out.pid').read_text())}").exists(), "the script still runs"
+
+
 # ---------------------------------------------------------------- caches keep the last two keys
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("buildah") or not shutil.which("mmdebstrap"),
                     reason="e2e/image.sh build runs as root with buildah and mmdebstrap")

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = '''
 import os, pathlib, subprocess, time
@@ -61,3 +63,65 @@ def test_sigterm_runs_the_fixtures_teardown(tmp_path: Path) -> None:
             child.wait()
         if (tmp_path / "pid").exists() and _alive(int((tmp_path / "pid").read_text())):
             os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+
+
+XDIST_CHILD = '''
+import os, pathlib, subprocess, time
+import pytest
+
+@pytest.fixture(scope="session")
+def server(worker_id):
+    p = subprocess.Popen(["sleep", "300"])
+    out = pathlib.Path(os.environ["OUT"])
+    (out / f"pid-{worker_id}").write_text(str(p.pid))
+    yield p
+    time.sleep(float(os.environ["TEARDOWN_S"]))  # a slow teardown (a Ray cluster's): longer than xdist's 10 s
+    p.terminate()
+    p.wait()
+    (out / f"torn-down-{worker_id}").write_text("1")
+
+@pytest.mark.parametrize("n", range(4))
+def test_runs_until_stopped(server, worker_id, n):
+    pathlib.Path(os.environ["OUT"], f"ready-{worker_id}").write_text("1")
+    time.sleep(120)
+'''
+
+
+@pytest.mark.parametrize("sig,to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGTERM to the controller", "Ctrl-C to the process group"])
+def test_a_stop_under_xdist_tears_down_every_workers_fixtures(tmp_path: Path, sig: int, to_group: bool) -> None:
+    """`make test` runs on xdist workers: a SIGTERM sent to the controller alone (a CI runner's kill) reaches the
+    workers, and a terminal's Ctrl-C (every process of the group) stops them once; their teardowns finish even
+    when slower than xdist's 10 s before it kills a worker."""
+    (tmp_path / "test_child.py").write_text(XDIST_CHILD)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "TEARDOWN_S": "12"}
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.sigterm",
+                              "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path),
+                              str(tmp_path / "test_child.py")],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(out.glob("ready-*"))) < 2:
+            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in out.glob("pid-*")]
+        assert len(pids) == 2 and all(map(_alive, pids))
+        if to_group:
+            os.killpg(child.pid, sig)
+        else:
+            child.send_signal(sig)
+        text, _ = child.communicate(timeout=90)
+        assert child.returncode == 2, text  # interrupted, not passed
+        assert sorted(p.name for p in out.glob("torn-down-*")) == ["torn-down-gw0", "torn-down-gw1"], text
+        assert not [p for p in pids if _alive(p)], text
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -74,9 +74,11 @@ sync-trainer:  ## the trainer's flags into the chart's `training:` schema (train
 lint: setup  ## ruff
 	$(PY) -m ruff check .
 
+# Two processes (pytest-xdist): a module's tests stay together (tests/conftest.py); TEST_WORKERS=0 runs one.
+TEST_WORKERS ?= 2
 test: setup  ## the test suite (offline; CPU)
 	$(PY) -m ruff check .
-	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q --durations=10 tests
+	CHECKOV=$(CURDIR)/$(CHECKOV_VENV)/bin/checkov $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=10 tests
 
 # With KUBECONFIG: only helm (tools) and ct (on PATH, else built from its Go module); no apt, no root,
 # no cluster parts. Without: the local cluster's packages and parts (e2e/README.md).

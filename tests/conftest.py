@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # The checkout's own plugin package wins over any installed copy (the venv's editable install may
 # point at another checkout of this repository).
@@ -27,3 +29,63 @@ from tests.plugin.kube_apiserver import kube_apiserver, kueue_crds  # noqa: E402
 
 # SIGTERM (CI's deadline, `timeout`) stops the run as Ctrl-C does: every fixture's teardown runs first.
 pytest_plugins = ["tests.sigterm"]
+
+# `make test` runs on two processes (pytest-xdist, `-n 2`) with the scheduler below: a module's tests stay on one
+# process, so its module fixtures (a Ray job, a demo run) run once; modules whose tests share a session fixture
+# that runs a job are one group, so that job runs once too; the longest groups go out first.
+# (xdist's own --dist loadgroup marks nothing under pytest 9.2: it renames `item._nodeid`, which pytest 9 no
+# longer reads.)
+SHARED_SESSION_RUNS = ("gcs_restart_run",)
+# module -> the module whose group it joins; collection below checks that every user of a shared run is here.
+SAME_GROUP = {"tests/trainer/test_scale.py": "tests/trainer/test_ray_job.py"}
+# The longest groups first: a long one picked up last is the run's tail on one process while the other idles.
+# Seconds: each module's share of a whole serial run here (2026-12-03, idle 2-core machine, 2213 s in all);
+# the rest keep their order.
+SLOW_FIRST = {
+    "tests/trainer/test_elastic.py": 297,
+    "tests/demo/test_demo.py": 247,
+    "tests/trainer/test_ray_job.py": 235,  # with test_scale.py: one session run
+    "tests/trainer/test_run_identity.py": 189,
+    "tests/trainer/test_checkpoint_fallback.py": 154,
+    "tests/trainer/data/test_streaming.py": 135,
+    "tests/trainer/worker/test_samples.py": 84,
+    "tests/trainer/test_batch_shape.py": 74,
+    "tests/trainer/test_usage_error_job.py": 68,
+    "tests/trainer/test_messy_data.py": 57,
+}
+
+
+def group_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return SAME_GROUP.get(module, module)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    users: dict[str, set[str]] = {}
+    for item in items:
+        for name in SHARED_SESSION_RUNS:
+            if name in getattr(item, "fixturenames", ()):
+                users.setdefault(name, set()).add(group_of(item.nodeid))
+    for name, groups in users.items():
+        if len(groups) > 1:
+            raise pytest.UsageError(f"the session fixture {name} runs a job that modules {sorted(groups)} share: put "
+                                    "them in one group in SAME_GROUP of tests/conftest.py")
+    rank = {m: i for i, m in enumerate(sorted(SLOW_FIRST, key=lambda m: -SLOW_FIRST[m]))}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own (firstresult); a no-op without xdist
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's load-by-scope, a scope being group_of(); groups go out in collection order."""
+
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)

@@ -179,6 +179,10 @@ def test_trainer_failure_shows_the_log_tail(tmp_path: Path) -> None:
     # The trainer's own error, with its fix.
     assert "max_seq_length" in proc.stderr and "bad_rows=skip" in proc.stderr
     assert "stopped the local Ray head by process id" in proc.stdout
+    # The head's logs outlive its temp dir: kept in the run dir, and the output says where.
+    kept = list(tmp_path.glob("run-*/ray-head-logs/job"))
+    assert len(kept) == 1 and (kept[0] / "raylet.out").is_file() and (kept[0] / "ray-start.log").is_file()
+    assert f"the Ray head's logs are kept in {kept[0]}" in proc.stdout
 
 
 # ------------------------------------------------------------------------------- fast checks

@@ -51,8 +51,10 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
+def ray_cluster() -> Iterator[Path]:
     """A Ray cluster of this test session only: started here, on 127.0.0.1, stopped by ray.shutdown().
+    Yields the tempfile directory of its processes (TMPDIR, inside its temp dir): what a job leaves there
+    is seen by the tests and removed with the cluster.
 
     Token auth is disabled for this throw-away local cluster (RAY_AUTH_MODE=disabled); the workers
     import the trainer package from the checkout through PYTHONPATH, as from the chart's working_dir.
@@ -61,7 +63,7 @@ def ray_cluster() -> Iterator[None]:
 
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
                                             "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH",
-                                            LOOPBACK_ONLY_ENV)}
+                                            LOOPBACK_ONLY_ENV, "TMPDIR")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     # Without this (also set in tests/conftest.py, before `ray` is imported: Ray reads it at import),
     # Ray 2.60 binds its GCS, raylet and workers on every interface even when told
@@ -71,6 +73,10 @@ def ray_cluster() -> Iterator[None]:
     os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     temp_dir = tempfile.mkdtemp(prefix="g3r-ray-", dir="/tmp")  # short: Ray's socket paths are length-limited
+    worker_tmp = Path(temp_dir) / "tmp"
+    worker_tmp.mkdir()
+    tempfile.gettempdir()  # this process keeps its own (tempfile caches it); Ray's processes inherit TMPDIR
+    os.environ["TMPDIR"] = str(worker_tmp)
     ray.init(
         address="local",
         num_cpus=RAY_CPUS,
@@ -80,7 +86,7 @@ def ray_cluster() -> Iterator[None]:
         log_to_driver=False,
     )
     try:
-        yield
+        yield worker_tmp
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from trainer.worker.metrics import RunReporter, build_summary, first_step_callba
 from trainer.worker.model import build_trainer
 from trainer.worker.model_files import fetch_model
 from trainer.worker.resume import choose_checkpoint, current_flags_callback
+from trainer.worker.scratch import scratch_dir
 
 # Varying sequence lengths fragment PyTorch's CUDA cache; expandable segments avoid the stalls.
 CUDA_ALLOC_CONF = "expandable_segments:True"
@@ -83,7 +83,15 @@ def train(config: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     with startup_timing.phase(startup_timing.MODEL):
         model_dir = fetch_model(args, storage.emulator_host)
-    local_dir = Path(tempfile.mkdtemp(prefix=f"gemma3-ray-rank{rank}-"))
+    with scratch_dir(rank) as local_dir:  # removed on every way out (trainer/worker/scratch.py)
+        _train(config, args, storage, rank, world_size, device, model_dir, local_dir)
+
+
+def _train(config: dict[str, Any], args: TrainArguments, storage: Storage, rank: int, world_size: int, device,
+           model_dir: Path, local_dir: Path) -> None:
+    """train() in this worker's scratch directory `local_dir`."""
+    import ray.train
+
     tb_dir = local_dir / TENSORBOARD_DIR
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(tb_dir)
     ctx = WorkerContext(args, storage, rank, world_size, local_dir)

@@ -89,3 +89,25 @@ def pytest_xdist_make_scheduler(config, log):
             return group_of(nodeid)
 
     return GroupScheduling(config, log)
+
+
+# The run's timeline, for balancing the groups above: `G3R_TEST_TIMELINE=path make test` appends one line per
+# test start and end ("<unix time> <process> start|end <node id>"), e.g. to see which process ends last.
+TIMELINE_ENV = "G3R_TEST_TIMELINE"
+
+
+def _timeline(event: str, nodeid: str) -> None:
+    path = os.environ.get(TIMELINE_ENV)
+    if path:
+        import time
+
+        with open(path, "a") as fh:
+            fh.write(f"{time.time():.1f} {os.environ.get('PYTEST_XDIST_WORKER', 'main')} {event} {nodeid}\n")
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    _timeline("start", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    _timeline("end", nodeid)

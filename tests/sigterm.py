@@ -9,6 +9,10 @@ once interrupted, kills its workers 10 s later (xdist's EXIT_TIMEOUT), in the mi
   the ones after it (a terminal's Ctrl-C reaches it once from the terminal and once from the controller);
 - the controller, at the first SIGTERM or SIGINT, passes SIGTERM on to its workers and waits for them to report,
   as it would for a worker that stopped by itself; a second signal interrupts it at once.
+
+A fixture may put its own handler in place: ray.init does (sys.exit, or in a process that starts the head, stop
+Ray's processes and exit), and a stop then only failed the test it hit while the run went on. So this plugin's
+handlers are put back after each fixture's set-up and each test body; the fixtures' teardowns stop what they started.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+
+import pytest
 
 _state = {"role": "single", "signalled": False}
 
@@ -47,6 +53,31 @@ def pytest_configure(config) -> None:
         _state["role"] = "worker"
     elif getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") != "no":
         _state["role"] = "controller"
-    signal.signal(signal.SIGTERM, _stop)
-    if _state["role"] != "single":
-        signal.signal(signal.SIGINT, _stop)
+    for sig in _handled():
+        signal.signal(sig, _stop)
+
+
+def _handled() -> tuple[int, ...]:
+    return (signal.SIGTERM,) if _state["role"] == "single" else (signal.SIGTERM, signal.SIGINT)
+
+
+def _put_back() -> None:
+    for sig in _handled():
+        if signal.getsignal(sig) is not _stop:
+            signal.signal(sig, _stop)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    try:
+        return (yield)
+    finally:
+        _put_back()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):  # a test body that starts Ray itself (a job's auto-init)
+    try:
+        return (yield)
+    finally:
+        _put_back()

@@ -125,3 +125,108 @@ def test_a_stop_under_xdist_tears_down_every_workers_fixtures(tmp_path: Path, si
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+OWNER = """
+import os, pathlib, signal, subprocess, sys, time
+server = subprocess.Popen(["sleep", "300"])
+pathlib.Path(os.environ["OUT"], "server").write_text(str(server.pid))
+
+def stop(signum, frame):
+    time.sleep(2)  # a clean-up that takes a while (stopping a Ray head: seconds)
+    server.terminate()
+    server.wait()
+    sys.exit(130)
+
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(os.environ["OUT"], "ready").write_text("1")
+time.sleep(300)
+"""
+OWNER_CHILD = '''
+import os, sys
+from tests.children import run
+
+def test_runs_a_program_that_owns_a_server():
+    run([sys.executable, "-c", os.environ["OWNER"]], timeout=600)
+'''
+
+
+def test_a_stop_reaches_a_program_the_test_runs_and_waits_for_its_clean_up(tmp_path: Path) -> None:
+    """A test that runs a program owning processes (tests/children.py: the demo, the elastic drill): SIGTERM to
+    the test run reaches the program and its clean-up finishes (before: SIGKILL 0.25 s later, its server left)."""
+    (tmp_path / "test_child.py").write_text(OWNER_CHILD)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "OWNER": OWNER}
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.sigterm", "-p", "no:cacheprovider",
+                              "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "ready").exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
+            time.sleep(0.1)
+        pid = int((out / "server").read_text())
+        child.send_signal(signal.SIGTERM)
+        text, _ = child.communicate(timeout=60)
+        assert child.returncode != 0, text
+        assert not _alive(pid), f"the program's server {pid} was left running:\n{text}"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+RAY_CHILD = '''
+import os, pathlib, shutil, tempfile, time
+import pytest
+
+@pytest.fixture(scope="session")
+def cluster():
+    import ray  # ray.init puts its own SIGTERM handler in place (sys.exit: a failed test, and the run goes on)
+    temp = tempfile.mkdtemp(prefix="g3r-sig-", dir="/tmp")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+    pathlib.Path(os.environ["OUT"], "torn-down").write_text("1")
+
+@pytest.mark.parametrize("n", range(2))
+def test_runs_until_stopped(cluster, n):
+    pathlib.Path(os.environ["OUT"], f"ran-{n}").write_text("1")
+    time.sleep(120)
+'''
+
+
+def test_a_stop_after_ray_init_still_interrupts_the_run(tmp_path: Path) -> None:
+    """ray.init replaces the SIGTERM handler with its own (sys.exit): a stop then failed one test and the run went
+    on (seen: an interrupted `make test` whose workers ran on, then died unreported, leaving a fake-gcs-server).
+    The plugin's handler stays in force: the run is interrupted (exit 2), no further test starts, teardown runs."""
+    (tmp_path / "test_child.py").write_text(RAY_CHILD)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.sigterm", "-p", "no:cacheprovider",
+                              "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "ran-0").exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
+            time.sleep(0.1)
+        child.send_signal(signal.SIGTERM)
+        text, _ = child.communicate(timeout=90)
+        assert child.returncode == 2, text  # interrupted (1: a failed test, the run went on)
+        assert not (out / "ran-1").exists(), text
+        assert (out / "torn-down").exists(), text
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()

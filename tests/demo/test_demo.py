@@ -22,6 +22,7 @@ import pytest
 
 from demo import __main__ as demo_main
 from localkit.chart_job import as_kuberay_submits, local_entrypoint, parse_chart_job
+from tests import children
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
@@ -52,7 +53,8 @@ def _demo_env() -> dict[str, str]:
 
 def _run_demo(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "demo", f"--output-dir={out}", *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=_demo_env(), capture_output=True, text=True, timeout=DEMO_TIMEOUT_S)
+    # A stop of the test run reaches the demo, which stops its Ray head (tests/children.py).
+    return children.run(cmd, cwd=ROOT, env=_demo_env(), timeout=DEMO_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

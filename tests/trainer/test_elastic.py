@@ -7,7 +7,6 @@ When the node comes back, a job running on one worker grows back to two, under t
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests import children
 from tests.trainer.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -70,9 +70,10 @@ def run_drill(tmp: Path, jobs: list[dict[str, Any]]) -> dict[str, dict[str, Any]
     spec = {"jobs": jobs, "records_dir": str(tmp / "records"), "id_pattern": ID_PATTERN}
     (tmp / "spec.json").write_text(json.dumps(spec))
     out, log = tmp / "result.json", tmp / "drill.log"
-    with open(log, "w") as fh:
-        subprocess.run([sys.executable, "-m", "tests.trainer.elastic_drill", "--spec", str(tmp / "spec.json"),
-                        "--out", str(out)], cwd=ROOT, timeout=DRILL_TIMEOUT_S, stdout=fh, stderr=subprocess.STDOUT)
+    # A stop of the test run reaches the drill, which shuts its Ray cluster down (tests/children.py).
+    proc = children.run([sys.executable, "-m", "tests.trainer.elastic_drill", "--spec", str(tmp / "spec.json"),
+                         "--out", str(out)], cwd=ROOT, timeout=DRILL_TIMEOUT_S)
+    log.write_text(proc.stdout + proc.stderr)
     assert out.exists(), log.read_text()[-4000:]
     return {j["name"]: j for j in json.loads(out.read_text())["jobs"]}
 

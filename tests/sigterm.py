@@ -61,7 +61,8 @@ def _handled() -> tuple[int, ...]:
     return (signal.SIGTERM,) if _state["role"] == "single" else (signal.SIGTERM, signal.SIGINT)
 
 
-def _put_back() -> None:
+def put_back() -> None:
+    """This plugin's handlers again, where something (ray.init) replaced them."""
     for sig in _handled():
         if signal.getsignal(sig) is not _stop:
             signal.signal(sig, _stop)
@@ -72,7 +73,7 @@ def pytest_fixture_setup(fixturedef, request):
     try:
         return (yield)
     finally:
-        _put_back()
+        put_back()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -80,4 +81,4 @@ def pytest_runtest_call(item):  # a test body that starts Ray itself (a job's au
     try:
         return (yield)
     finally:
-        _put_back()
+        put_back()

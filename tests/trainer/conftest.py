@@ -50,51 +50,104 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("trainer-cache")
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[Path]:
-    """A Ray cluster of this test session only: started here, on 127.0.0.1, stopped by ray.shutdown().
-    Yields the tempfile directory of its processes (TMPDIR, inside its temp dir): what a job leaves there
-    is seen by the tests and removed with the cluster.
+class SessionRay:
+    """The local Ray cluster of this test process, on 127.0.0.1: up only while tests that use it run.
 
-    Token auth is disabled for this throw-away local cluster (RAY_AUTH_MODE=disabled); the workers
-    import the trainer package from the checkout through PYTHONPATH, as from the chart's working_dir.
-    """
-    import ray
+    Started before the first test that uses `ray_cluster` (directly or through a fixture), stopped after the last
+    of a run of them (the next test is in another module and does not use it), started again for a later one. An
+    idle cluster is not free: its GCS, raylet, agents, idle workers and Ray Train's actors poll, and on two cores
+    two of them idling through the rest of a `-n 2` run cost the other tests' CPU.
 
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED",
-                                            "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH",
-                                            LOOPBACK_ONLY_ENV, "TMPDIR")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    # Without this (also set in tests/conftest.py, before `ray` is imported: Ray reads it at import),
-    # Ray 2.60 binds its GCS, raylet and workers on every interface even when told
-    # _node_ip_address=127.0.0.1; test_ray_listens_on_loopback_only checks the sockets.
-    os.environ[LOOPBACK_ONLY_ENV] = "0"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    temp_dir = tempfile.mkdtemp(prefix="g3r-ray-", dir="/tmp")  # short: Ray's socket paths are length-limited
-    worker_tmp = Path(temp_dir) / "tmp"
-    worker_tmp.mkdir()
-    tempfile.gettempdir()  # this process keeps its own (tempfile caches it); Ray's processes inherit TMPDIR
-    os.environ["TMPDIR"] = str(worker_tmp)
-    ray.init(
-        address="local",
-        num_cpus=RAY_CPUS,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        _temp_dir=temp_dir,
-        log_to_driver=False,
-    )
-    try:
-        yield worker_tmp
-    finally:
+    Token auth is disabled for this throw-away local cluster (RAY_AUTH_MODE=disabled); the workers import the
+    trainer package from the checkout through PYTHONPATH, as from the chart's working_dir. Its processes get
+    TMPDIR=`worker_tmp` (one directory for the session, so that what a job leaves there is seen by the tests)."""
+
+    ENV = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH",
+           LOOPBACK_ONLY_ENV, "TMPDIR")
+
+    def __init__(self) -> None:
+        self.worker_tmp = Path(tempfile.mkdtemp(prefix="g3r-tmp-", dir="/tmp"))
+        self.temp_dir: str | None = None
+        self.starts = 0
+        self.saved = {k: os.environ.get(k) for k in self.ENV}
+
+    @property
+    def running(self) -> bool:
+        return self.temp_dir is not None
+
+    def start(self) -> None:
+        import ray
+
+        if self.running:
+            return
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        # Without this (also set in tests/conftest.py, before `ray` is imported: Ray reads it at import),
+        # Ray 2.60 binds its GCS, raylet and workers on every interface even when told
+        # _node_ip_address=127.0.0.1; test_ray_listens_on_loopback_only checks the sockets.
+        os.environ[LOOPBACK_ONLY_ENV] = "0"
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [self.saved["PYTHONPATH"]])])
+        tempfile.gettempdir()  # this process keeps its own (tempfile caches it); Ray's processes inherit TMPDIR
+        os.environ["TMPDIR"] = str(self.worker_tmp)
+        self.temp_dir = tempfile.mkdtemp(prefix="g3r-ray-", dir="/tmp")  # short: socket paths are length-limited
+        self.starts += 1
+        ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 _temp_dir=self.temp_dir, log_to_driver=False)
+        from tests import sigterm
+
+        sigterm.put_back()  # ray.init put its own SIGTERM handler in place
+
+    def stop(self) -> None:
+        import ray
+
+        if not self.running:
+            return
         ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        for key, value in saved.items():
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        self.temp_dir = None
+        for key, value in self.saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.worker_tmp, ignore_errors=True)
+
+
+_SESSION_RAY: list[SessionRay] = []  # the one of this process, once a test asked for it
+
+
+def uses_ray(item: pytest.Item | None) -> bool:
+    return item is not None and "ray_cluster" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if uses_ray(item) and _SESSION_RAY:
+        _SESSION_RAY[0].start()  # again, after a stop (the fixture's value, worker_tmp, stays the same)
+
+
+@pytest.hookimpl(trylast=True)  # after the item's fixtures are torn down (a module's job fixtures included)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if _SESSION_RAY and not uses_ray(nextitem) and (nextitem is None or nextitem.module is not item.module):
+        _SESSION_RAY[0].stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Path]:
+    """The local Ray cluster of this process (SessionRay), up while this test runs; yields its processes'
+    tempfile directory (TMPDIR), the same for the whole session."""
+    cluster = SessionRay()
+    _SESSION_RAY.append(cluster)
+    try:
+        cluster.start()
+        yield cluster.worker_tmp
+    finally:
+        cluster.close()
+        _SESSION_RAY.remove(cluster)
 
 
 @pytest.fixture(scope="session")

@@ -40,17 +40,28 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def child_run(tmp_path: Path, text: str, env: dict[str, str], *flags: str, session: bool = False) -> subprocess.Popen:
+    """A pytest run of `text` (as test_child.py) in a process of its own, with this plugin."""
+    (tmp_path / "test_child.py").write_text(text)
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", *flags, "-p", "tests.sigterm", "-p", "no:cacheprovider",
+                             "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=session)
+
+
+def wait_until(ready, child: subprocess.Popen, timeout_s: float) -> None:
+    """Until ready() holds, the child still running."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
+        time.sleep(0.1)
+
+
 def test_sigterm_runs_the_fixtures_teardown(tmp_path: Path) -> None:
-    (tmp_path / "test_child.py").write_text(CHILD)
     env = {**os.environ, "PIDFILE": str(tmp_path / "pid"), "READY": str(tmp_path / "ready")}
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.sigterm", "-p", "no:cacheprovider",
-                              "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = child_run(tmp_path, CHILD, env)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "ready").exists():
-            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
-            time.sleep(0.1)
+        wait_until((tmp_path / "ready").exists, child, 60)
         pid = int((tmp_path / "pid").read_text())
         assert _alive(pid)
         child.send_signal(signal.SIGTERM)
@@ -93,21 +104,13 @@ def test_a_stop_under_xdist_tears_down_every_workers_fixtures(tmp_path: Path, si
     """`make test` runs on xdist workers: a SIGTERM sent to the controller alone (a CI runner's kill) reaches the
     workers, and a terminal's Ctrl-C (every process of the group) stops them once; their teardowns finish even
     when slower than xdist's 10 s before it kills a worker."""
-    (tmp_path / "test_child.py").write_text(XDIST_CHILD)
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "TEARDOWN_S": "12"}
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.sigterm",
-                              "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(tmp_path),
-                              str(tmp_path / "test_child.py")],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    child = child_run(tmp_path, XDIST_CHILD, env, "-n", "2", session=True)
     pids: list[int] = []
     try:
-        deadline = time.monotonic() + 90
-        while len(list(out.glob("ready-*"))) < 2:
-            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
-            time.sleep(0.1)
+        wait_until(lambda: len(list(out.glob("ready-*"))) >= 2, child, 90)
         pids = [int(p.read_text()) for p in out.glob("pid-*")]
         assert len(pids) == 2 and all(map(_alive, pids))
         if to_group:
@@ -155,19 +158,13 @@ def test_runs_a_program_that_owns_a_server():
 def test_a_stop_reaches_a_program_the_test_runs_and_waits_for_its_clean_up(tmp_path: Path) -> None:
     """A test that runs a program owning processes (tests/children.py: the demo, the elastic drill): SIGTERM to
     the test run reaches the program and its clean-up finishes (before: SIGKILL 0.25 s later, its server left)."""
-    (tmp_path / "test_child.py").write_text(OWNER_CHILD)
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "OWNER": OWNER}
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.sigterm", "-p", "no:cacheprovider",
-                              "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = child_run(tmp_path, OWNER_CHILD, env)
     pid = None
     try:
-        deadline = time.monotonic() + 60
-        while not (out / "ready").exists():
-            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
-            time.sleep(0.1)
+        wait_until((out / "ready").exists, child, 60)
         pid = int((out / "server").read_text())
         child.send_signal(signal.SIGTERM)
         text, _ = child.communicate(timeout=60)
@@ -207,20 +204,13 @@ def test_a_stop_after_ray_init_still_interrupts_the_run(tmp_path: Path) -> None:
     """ray.init replaces the SIGTERM handler with its own (sys.exit): a stop then failed one test and the run went
     on (seen: an interrupted `make test` whose workers ran on, then died unreported, leaving a fake-gcs-server).
     The plugin's handler stays in force: the run is interrupted (exit 2), no further test starts, teardown runs."""
-    (tmp_path / "test_child.py").write_text(RAY_CHILD)
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "RAY_USAGE_STATS_ENABLED": "0"}
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "tests.sigterm", "-p", "no:cacheprovider",
-                              "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    child = child_run(tmp_path, RAY_CHILD, env, session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "ran-0").exists():
-            assert child.poll() is None and time.monotonic() < deadline, child.stdout.read() if child.stdout else ""
-            time.sleep(0.1)
+        wait_until((out / "ran-0").exists, child, 120)
         child.send_signal(signal.SIGTERM)
         text, _ = child.communicate(timeout=90)
         assert child.returncode == 2, text  # interrupted (1: a failed test, the run went on)

@@ -40,18 +40,32 @@ def _png(pixels, side: int) -> bytes:
     return buf.getvalue()
 
 
+# The 1,797 handwritten digits (8x8 scans, 0..16) of the UCI "Optical Recognition of Handwritten Digits" set
+# (CC BY 4.0), the bytes scikit-learn ships as sklearn/datasets/data/digits.csv.gz: one row per scan, 64 pixels
+# then the digit. Bundled so that the test venv needs no scikit-learn (the trainer image has none; with it
+# installed, every Ray worker of the tests imported it through transformers: ~1 s each).
+DIGITS_FILE = Path(__file__).resolve().parent / "data" / "digits.csv.gz"
+
+
+def digits():
+    """(images, targets): the scans as an (n, 8, 8) float array and their digits, as load_digits() gives them."""
+    import numpy as np
+
+    table = np.loadtxt(DIGITS_FILE, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)
+
+
 def rows(n_rows: int, seed: int = 0) -> list[dict]:
     """``n_rows`` product rows, deterministic for a seed."""
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    digits = load_digits()
+    images, targets = digits()
     rng = np.random.default_rng(seed)
-    picks = rng.choice(len(digits.images), size=n_rows, replace=n_rows > len(digits.images))
+    picks = rng.choice(len(images), size=n_rows, replace=n_rows > len(images))
     categories = list(CATEGORIES)
     out = []
     for i, idx in enumerate(picks):
-        label = int(digits.target[idx])
+        label = int(targets[idx])
         word = DIGIT_WORDS[label]
         category = categories[int(rng.integers(len(categories)))]
         name_pattern, use = CATEGORIES[category]
@@ -59,7 +73,7 @@ def rows(n_rows: int, seed: int = 0) -> list[dict]:
             {
                 "Product Name": name_pattern.format(word=word.capitalize()),
                 "Category": category,
-                "image": {"bytes": _png(digits.images[idx], IMAGE_SIDE), "path": f"digit-{i:05d}.png"},
+                "image": {"bytes": _png(images[idx], IMAGE_SIDE), "path": f"digit-{i:05d}.png"},
                 "description": f"The number {word} in bold handwriting, {use}.",
             }
         )

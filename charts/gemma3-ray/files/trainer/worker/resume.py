@@ -4,12 +4,22 @@ Candidates, newest first: the run's newest checkpoint (Ray Train restores it on 
 older registered checkpoints, then the checkpoint --resume_from named. Each is read in full (every file
 the Trainer loads: trainer state, adapter, optimizer, scheduler, RNG states) before training starts; a
 broken one is reported and skipped, so a restart never fails again on the same file.
+
+Each worker reads a remote checkpoint from a copy of its own, in its scratch directory (``local_copy``),
+never from Ray's ``Checkpoint.as_directory()``: that one download directory is shared by the processes
+of a node, and a process that asks after the first download has finished downloads again into it,
+rewriting the files another rank is reading. A restart of the 2-worker gs:// drill then found its good
+step-2 checkpoint broken ("tokenizer.json: its sha256 differs from its manifest's") and stopped: seen in
+1 of 3 runs here; two processes opening one checkpoint that way read a rewritten file in 13 of 15 opens.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,12 +90,32 @@ def _candidates(config: dict[str, Any], storage: Storage) -> list[tuple[str, Any
     return out
 
 
-def choose_checkpoint(config: dict[str, Any], storage: Storage, stack: contextlib.ExitStack, rank: int) -> Resume:
-    """The newest candidate that loads, kept as a local directory until `stack` closes."""
+@contextlib.contextmanager
+def local_copy(checkpoint, scratch: Path) -> Iterator[Path]:
+    """A ray.train.Checkpoint as a local directory that only this process reads and writes: the directory
+    itself when it is local, else a download of its own under `scratch`, removed on exit."""
+    import pyarrow.fs as pafs
+
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        yield Path(checkpoint.path)
+        return
+    scratch.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(prefix="resume-", dir=scratch))
+    try:
+        checkpoint.to_directory(str(target))
+        yield target
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def choose_checkpoint(config: dict[str, Any], storage: Storage, stack: contextlib.ExitStack, rank: int,
+                      scratch: Path) -> Resume:
+    """The newest candidate that loads, kept as a local directory (under this worker's `scratch` when it is
+    remote) until `stack` closes."""
     resume = Resume()
     for uri, checkpoint in _candidates(config, storage):
         attempt = contextlib.ExitStack()
-        directory = Path(attempt.enter_context(checkpoint.as_directory()))
+        directory = attempt.enter_context(local_copy(checkpoint, scratch))
         problem = load_problem(directory)
         if problem is None:
             stack.push(attempt.pop_all())

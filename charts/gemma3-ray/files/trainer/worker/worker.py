@@ -99,7 +99,7 @@ def _train(config: dict[str, Any], args: TrainArguments, storage: Storage, rank:
 
     with contextlib.ExitStack() as stack:
         try:  # the same on every worker (bad_rows=fail, no usable rows, no loadable checkpoint): no retry
-            resume = choose_checkpoint(config, storage, stack, rank)
+            resume = choose_checkpoint(config, storage, stack, rank, local_dir)
             # From the live world size: exactly the global batch on however many workers run (elastic too).
             batch = split_batch(args.global_batch_size, args.per_device_train_batch_size, world_size)
             reporter = RunReporter(storage, rank, batch.global_batch, tb_dir, local_dir, resume.step)

@@ -4,93 +4,34 @@ the drill has changed the cluster."""
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
-HOLD_POLL_S = 0.2
-
-
-class _SampleRecorder(TrainerCallback):
-    """Appends one JSON line per training micro-batch: attempt, world size, rank, step, epoch, sample ids.
-
-    The ids are read back from the token ids the model is given (a forward pre-hook), so they are what
-    was trained on, not what a sampler promised. `id_pattern` finds one id per decoded row.
-    """
-
-    def __init__(self, out_dir: str, id_pattern: str):
-        self.out_dir, self.id_pattern = out_dir, id_pattern
-
-    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
-        import ray.train
-        from ray.train.collective import broadcast_from_rank_zero
-
-        ctx = ray.train.get_context()
-        rank, world = ctx.get_world_rank(), ctx.get_world_size()
-        # One id per worker-group attempt, the same on every rank (a resize starts a new attempt).
-        attempt = broadcast_from_rank_zero(time.time_ns())
-        tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        pattern = re.compile(self.id_pattern)
-        path = Path(self.out_dir) / f"samples-{attempt}-rank{rank}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-        def record(module, _args, kwargs: dict[str, Any]) -> None:
-            if not module.training:
-                return  # evaluation
-            texts = tokenizer.batch_decode(kwargs["input_ids"])
-            ids = [m.group(1) for t in texts if (m := pattern.search(t))]
-            rec = {"attempt": attempt, "world": world, "rank": rank, "step": state.global_step + 1,
-                   "epoch": int(state.epoch or 0), "ids": ids, "pid": os.getpid()}
-            with open(path, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
-
-        model.register_forward_pre_hook(record, with_kwargs=True)
-
-
-class _HoldOnNode(TrainerCallback):
-    """On the node `node_id` only, once (while `marker` does not exist): after optimizer step `at_step`,
-    write `marker` and wait, until the drill's change of the cluster ends this process (the node's
-    removal, or the restart of the worker group that a resize makes)."""
-
-    def __init__(self, node_id: str, at_step: int, marker: str):
-        self.node_id, self.at_step, self.marker = node_id, at_step, marker
-
-    def on_step_end(self, args, state, control, **kwargs):
-        import ray
-
-        if state.global_step != self.at_step or ray.get_runtime_context().get_node_id() != self.node_id:
-            return
-        if Path(self.marker).exists():
-            return  # held once already: the recomputation of this step after the resize runs through
-        Path(self.marker).write_text(str(os.getpid()))
-        while True:
-            time.sleep(HOLD_POLL_S)
+# No transformers here: see tests/trainer/worker_callbacks.py, where the callbacks themselves live.
 
 
 @dataclass
 class RecordSamples:
-    """Factory: every worker records its micro-batches' sample ids (see _SampleRecorder)."""
+    """Factory: every worker records its micro-batches' sample ids (see worker_callbacks.SampleRecorder)."""
 
     out_dir: str
     id_pattern: str
 
-    def __call__(self, ctx: Any = None) -> TrainerCallback:
-        return _SampleRecorder(self.out_dir, self.id_pattern)
+    def __call__(self, ctx: Any = None) -> Any:
+        from tests.trainer.worker_callbacks import SampleRecorder
+
+        return SampleRecorder(self.out_dir, self.id_pattern)
 
 
 @dataclass
 class HoldOnNode:
-    """Factory: the worker on node `node_id` holds after step `at_step`, once (see _HoldOnNode)."""
+    """Factory: the worker on node `node_id` holds after step `at_step`, once (see worker_callbacks.HoldAfterStep)."""
 
     node_id: str
     at_step: int
     marker: str
 
-    def __call__(self, ctx: Any = None) -> TrainerCallback:
-        return _HoldOnNode(self.node_id, self.at_step, self.marker)
+    def __call__(self, ctx: Any = None) -> Any:
+        from tests.trainer.worker_callbacks import HoldAfterStep
+
+        return HoldAfterStep(self.node_id, self.at_step, self.marker)

@@ -3,28 +3,14 @@ that kills one worker's process once, right after an optimizer step, to drill Ra
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass
-from pathlib import Path
 
-from transformers import TrainerCallback
+# No transformers here: see tests/trainer/worker_callbacks.py, where the callbacks themselves live.
 
 
 def marker(step: int) -> str:
     """The file in the run's directory that says the fault already fired."""
     return f".fault-injected-at-step-{step}"
-
-
-class _KillOnce(TrainerCallback):
-    def __init__(self, step: int, storage) -> None:
-        self.step, self.storage = step, storage
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and self.storage.read_bytes(marker(self.step)) is None:
-            self.storage.write_bytes(marker(self.step), str(os.getpid()).encode())
-            print(f"[fault injection] killing worker pid {os.getpid()} after step {state.global_step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -35,15 +21,9 @@ class KillWorkerAfterStep:
     step: int
 
     def __call__(self, ctx):
-        return _KillOnce(self.step, ctx.storage) if ctx.rank == min(1, ctx.world_size - 1) else None
+        from tests.trainer.worker_callbacks import KillOnce
 
-
-class _RemoveOnTrainBegin(TrainerCallback):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        Path(self.path).unlink(missing_ok=True)
+        return KillOnce(self.step, ctx.storage) if ctx.rank == min(1, ctx.world_size - 1) else None
 
 
 @dataclass
@@ -53,7 +33,9 @@ class RemoveFileOnTrainBegin:
     path: str
 
     def __call__(self, ctx):
-        return _RemoveOnTrainBegin(self.path)
+        from tests.trainer.worker_callbacks import RemoveOnTrainBegin
+
+        return RemoveOnTrainBegin(self.path)
 
 
 @dataclass

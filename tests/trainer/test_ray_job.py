@@ -16,6 +16,7 @@ from localkit.sample_data import build_sample_dataset
 from tests.trainer.conftest import GCS_RUN_KILL_AFTER, GCS_RUN_STEPS
 from tests.trainer.faults import RefuseOnRankOne
 from tests.trainer.faults import marker as fault_marker
+from tests.trainer.probes import RecordLoadedModules, loaded_modules
 from trainer import vision_train
 from trainer.data.dataset import prepare_data
 from trainer.data.encoding import LABEL_IGNORE
@@ -36,6 +37,7 @@ LOSS_RTOL = 1e-4
 RESUME_ATOL = 1e-5
 MIN_LOSS_DROP = 0.2
 EVAL_TEST_STEPS = 6
+PROBED_MODULES = ("torch", "peft", "bitsandbytes")
 
 
 def job_flags(tiny_model: Path, data: Path, cache_dir: Path, storage: str, max_steps: int,
@@ -64,9 +66,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def local_run(ray_cluster, tiny_model, data, cache_dir, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("run") / "storage"
-    summary = vision_train.main([*job_flags(tiny_model, data, cache_dir, str(root), MAX_STEPS), "--merge_adapter=true"])
+    modules = root.parent / "modules"
+    summary = vision_train.main([*job_flags(tiny_model, data, cache_dir, str(root), MAX_STEPS), "--merge_adapter=true"],
+                                callbacks=[RecordLoadedModules(str(modules), PROBED_MODULES)])
     storage = root / "runs" / "r1"  # the run's directory: <storage_path>/runs/<run_name>
-    return {"storage": storage, "summary": summary, "metrics": records((storage / "metrics.jsonl").read_text())}
+    return {"storage": storage, "summary": summary, "metrics": records((storage / "metrics.jsonl").read_text()),
+            "modules": loaded_modules(modules)}
 
 
 def test_training_runs_and_the_loss_falls(local_run) -> None:
@@ -85,6 +90,15 @@ def test_training_runs_and_the_loss_falls(local_run) -> None:
         assert "peak_gpu_mem_gib" not in r  # CPU run
     assert any("eval_loss" in r for r in metrics)
     assert summary["samples_per_second"] > 0 and summary["tokens_per_second"] > 0
+
+
+def test_a_cpu_run_leaves_bitsandbytes_out_of_its_workers(local_run) -> None:
+    # peft imports bitsandbytes whenever it is installed (1.4-3 s of each worker's start); only --quantization=4bit
+    # uses it (trainer/worker/unused_libraries.py). torch: the probe ran in a worker that imported the rest.
+    workers = local_run["modules"]
+    assert sorted(w["rank"] for w in workers) == [0, 1], workers
+    for w in workers:
+        assert w["loaded"] == {"torch": True, "peft": True, "bitsandbytes": False}, w
 
 
 def test_no_worker_scratch_is_left_behind(local_run, ray_cluster) -> None:

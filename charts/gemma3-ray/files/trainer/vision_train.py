@@ -71,9 +71,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         config["startup"]["loop_start"] = time.time()  # the job start split: before the trainer's imports
     if os.path.isdir(config["code_dir"]) and config["code_dir"] not in sys.path:
         sys.path.insert(0, config["code_dir"])
-    from trainer.worker import quiet_logs
+    from trainer.worker import quiet_logs, unused_libraries
 
     quiet_logs.install()  # before transformers, datasets and bitsandbytes are imported
+    unused_libraries.leave_out(config["args"]["quantization"])  # before peft would import bitsandbytes
     from trainer.worker import worker
 
     worker.train(config)

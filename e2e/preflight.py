@@ -53,6 +53,13 @@ def _crd_version_label(crd: dict[str, Any]) -> str:
     return ((crd.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/version", "")
 
 
+def _version_unknown(image_part: str) -> str:
+    """Where the preflight looked for an operator's version, when it found none."""
+    return (f"version unknown: no Deployment in the cluster runs a {image_part} image and the CRD has no "
+            "app.kubernetes.io/version label (an operator outside the cluster, as the local cluster's host "
+            "process, is not seen here)")
+
+
 def _operator_version(kube: Kube, image_part: str) -> str:
     """The tag of a Deployment image naming image_part, in any namespace ('' when none is in the cluster)."""
     proc = kube.k("get", "deployments", "-A", "-o", "json", check=False, timeout=60)
@@ -120,7 +127,7 @@ def preflight(kube: Kube, rayjob_spec: dict[str, Any]) -> ClusterFacts:
             f.kuberay_problem = f"KubeRay's RayJob CRD serves {served}, not ray.io/v1 the chart writes: upgrade KubeRay"
         else:
             unknown = unknown_fields(rayjob, "v1", rayjob_spec)
-            op = _operator_version(kube, "kuberay") or _crd_version_label(rayjob) or "version not found in the cluster"
+            op = _operator_version(kube, "kuberay") or _crd_version_label(rayjob) or _version_unknown("kuberay")
             f.kuberay = f"ray.io/v1, {op}"
             if unknown:
                 f.kuberay_problem = (f"KubeRay ({op}) is older than the chart: its RayJob CRD does not know "
@@ -131,7 +138,7 @@ def preflight(kube: Kube, rayjob_spec: dict[str, Any]) -> ClusterFacts:
         f.kueue_problem = "Kueue is not installed (no clusterqueues.kueue.x-k8s.io CRD): the Kueue stages do not run"
     else:
         served = [v["name"] for v in cq["spec"]["versions"] if v.get("served")]
-        op = _operator_version(kube, "kueue") or _crd_version_label(cq) or "version not found in the cluster"
+        op = _operator_version(kube, "kueue") or _crd_version_label(cq) or _version_unknown("kueue")
         if KUEUE_API not in served:
             f.kueue_problem = (f"Kueue ({op}) serves {served}, not kueue.x-k8s.io/{KUEUE_API} that gemma3-ray kueue "
                                "setup writes: the Kueue stages do not run")

@@ -36,6 +36,10 @@ def test_preflight_names_kuberay_kueue_and_the_missing_worker_node(kueue_crds: P
     assert facts.kueue.startswith("kueue.x-k8s.io/v1beta2") and facts.kueue_problem == ""
     assert facts.worker_node == "" and "no schedulable worker node" in facts.worker_problem
     assert facts.server.startswith("v1.")
+    # No operator Deployment on this bare server, no version label on the CRD files: the line says where it looked.
+    assert facts.kuberay == ("ray.io/v1, version unknown: no Deployment in the cluster runs a kuberay image and the "
+                             "CRD has no app.kubernetes.io/version label (an operator outside the cluster, as the "
+                             "local cluster's host process, is not seen here)"), facts.kuberay
     # a field the cluster's KubeRay does not know: the run stops with one sentence naming it
     facts = preflight(kube, {**CHART_SPEC, "notAKubeRayField": 1})
     assert "spec.notAKubeRayField" in facts.kuberay_problem and "upgrade KubeRay" in facts.kuberay_problem

@@ -14,6 +14,8 @@ from trainer.data.sampler import whole_batches
 from trainer.job import startup_timing
 from trainer.job.elastic import BatchShape, split_batch
 from trainer.job.flags import TrainArguments, UsageError
+from trainer.job.storage import cache_root
+from trainer.worker.processor_cache import load_processor
 
 # The tutorial's fixed hyperparameters (QLoRA paper): not flags.
 MAX_GRAD_NORM = 0.3
@@ -183,11 +185,10 @@ def build_trainer(args: TrainArguments, model_dir: Path, local_dir: Path, device
     """The TRL SFTTrainer of one worker, plus the data stats. Usable without Ray (tests, bench): `batch`
     defaults to the global batch split over num_workers; `scan_group`: the run's workers (data.prepare_data)."""
     batch = batch or split_batch(args.global_batch_size, args.per_device_train_batch_size, args.num_workers)
-    from transformers import AutoProcessor
     from trl import SFTTrainer
 
-    with startup_timing.phase(startup_timing.MODEL):
-        processor = AutoProcessor.from_pretrained(str(model_dir))
+    with startup_timing.phase(startup_timing.MODEL):  # from the node's copy after its first worker (processor_cache)
+        processor = load_processor(model_dir, cache_root(args))
     # The weights load (disk -> memory) while the rows are fetched and scanned (CPU): the model phase of the
     # job start split is then only the wait for the load after the data is ready.
     with ThreadPoolExecutor(1, thread_name_prefix="load_model") as pool:

@@ -1,8 +1,9 @@
 """The speed levers a worker applies to its model after PEFT (bench/RESULTS.md measures each).
 
 Triton's compile cache kept on the storage, fused LoRA layers, SigLIP's and the language model's attention
-kernels, a step without host syncs, image-feature reuse under a frozen vision tower; torch is imported only
-by the modules these call, inside worker code.
+kernels, a step without host syncs, image-feature reuse under a frozen vision tower, and an LM head that scores
+only the labelled positions on every device (`lm_head`); torch is imported only by the modules these call,
+inside worker code.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 def apply(args, model, trainer=None) -> dict[str, Any]:
     """The fused LoRA layers, cuDNN attention in SigLIP and the language model, the lean step (on `trainer`),
     and image-feature reuse (its per-epoch log goes to `trainer`) (bench/RESULTS.md)."""
-    from trainer.speed import capability, feature_cache
+    from trainer.speed import capability, feature_cache, lm_head
 
-    levers: dict[str, Any] = {}
+    levers: dict[str, Any] = {"lm_head": lm_head.labelled_positions_only()}
     plan = capability.plan()
     levers["kernels"] = {p: c.kernel for p, c in plan.items()}
     print(f"[trainer] kernels for {capability.arch(capability.device_capability())}: "

@@ -31,7 +31,7 @@ class HoldOnNode:
     at_step: int
     marker: str
 
-    def __call__(self, ctx: Any = None) -> Any:
+    def __call__(self, ctx: Any) -> Any:
         from tests.trainer.worker_callbacks import HoldAfterStep
 
-        return HoldAfterStep(self.node_id, self.at_step, self.marker)
+        return HoldAfterStep(self.node_id, self.at_step, self.marker, ctx.storage)

@@ -23,6 +23,31 @@ from transformers import TrainerCallback
 from tests.trainer.faults import marker as fault_marker
 
 HOLD_POLL_S = 0.2
+# How long a fault waits for Ray Train to register the run's written checkpoints (its controller collects a
+# worker's report on its next poll, every 2 s by default) before it fires regardless, saying so.
+REGISTERED_WAIT_S = 120
+
+
+def wait_until_registered(storage) -> None:
+    """Until Ray Train has registered every checkpoint of the run that is whole on storage (its manifest, written
+    last, is there). A fault fired sooner can beat the controller to a checkpoint reported a moment before, which a
+    restart then rightly ignores (trainer/job/runs.py: a directory Ray Train never registered is not a
+    checkpoint): the drill would resume from an older one, or from nothing, depending on how fast a step is."""
+    from trainer.job.checkpoint_manifest import MANIFEST_FILE
+    from trainer.job.runs import CHECKPOINT_NAME_PATTERN, CHECKPOINTS_DIR, registered_checkpoints
+
+    deadline = time.monotonic() + REGISTERED_WAIT_S
+    while True:
+        whole = {name for name in storage.list_dir(CHECKPOINTS_DIR) if CHECKPOINT_NAME_PATTERN.fullmatch(name)
+                 and storage.exists(f"{CHECKPOINTS_DIR}/{name}/{MANIFEST_FILE}")}
+        registered = {uri.rstrip("/").rsplit("/", 1)[-1] for _, uri in registered_checkpoints(storage)}
+        if whole <= registered:
+            return
+        if time.monotonic() > deadline:
+            print(f"[fault injection] {sorted(whole - registered)} not registered by Ray Train after "
+                  f"{REGISTERED_WAIT_S} s: firing anyway", flush=True)
+            return
+        time.sleep(HOLD_POLL_S)
 
 
 class KillOnce(TrainerCallback):
@@ -31,6 +56,7 @@ class KillOnce(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and self.storage.read_bytes(fault_marker(self.step)) is None:
+            wait_until_registered(self.storage)
             self.storage.write_bytes(fault_marker(self.step), str(os.getpid()).encode())
             print(f"[fault injection] killing worker pid {os.getpid()} after step {state.global_step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -82,11 +108,11 @@ class SampleRecorder(TrainerCallback):
 
 class HoldAfterStep(TrainerCallback):
     """On the node `node_id` only, once (while `marker` does not exist): after optimizer step `at_step`,
-    write `marker` and wait, until the drill's change of the cluster ends this process (the node's
+    write `marker` (once Ray Train registered the run's checkpoints) and wait, until the drill's change of the cluster ends this process (the node's
     removal, or the restart of the worker group that a resize makes)."""
 
-    def __init__(self, node_id: str, at_step: int, marker: str):
-        self.node_id, self.at_step, self.marker = node_id, at_step, marker
+    def __init__(self, node_id: str, at_step: int, marker: str, storage):
+        self.node_id, self.at_step, self.marker, self.storage = node_id, at_step, marker, storage
 
     def on_step_end(self, args, state, control, **kwargs):
         import ray
@@ -95,6 +121,7 @@ class HoldAfterStep(TrainerCallback):
             return
         if Path(self.marker).exists():
             return  # held once already: the recomputation of this step after the resize runs through
+        wait_until_registered(self.storage)
         Path(self.marker).write_text(str(os.getpid()))
         while True:
             time.sleep(HOLD_POLL_S)

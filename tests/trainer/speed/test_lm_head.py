@@ -19,9 +19,10 @@ OUTPUTS = ("log_probs", "entropy", "is_top1")
 
 @pytest.fixture
 def trl_head(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """TRL's module as it was after the test (the lever patches it for the process), and the number of positions
-    each call of the chunked head scored."""
-    monkeypatch.setattr(trl_utils, "_use_triton", trl_utils._use_triton)
+    """TRL's own choice for the test (another test of this process may have applied the lever), put back as it
+    was after it; and the number of positions each call of the chunked head scored."""
+    own = trl_utils._use_triton
+    monkeypatch.setattr(trl_utils, "_use_triton", getattr(own, "__wrapped__", own))
     scored: list[int] = []
     real = trl_utils._ChunkedLogProbFunction
 

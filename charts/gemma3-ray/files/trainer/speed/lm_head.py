@@ -34,5 +34,6 @@ def labelled_positions_only() -> dict[str, Any]:
         return device.type == "cpu" or original(device)
 
     setattr(compact, MARK, True)
+    compact.__wrapped__ = original  # type: ignore[attr-defined]
     trl_utils._use_triton = compact
     return {"applied": True, "devices": "all"}

@@ -39,20 +39,20 @@ SHARED_SESSION_RUNS = ("gcs_restart_run",)
 # module -> the module whose group it joins; collection below checks that every user of a shared run is here.
 SAME_GROUP = {"tests/trainer/test_scale.py": "tests/trainer/test_ray_job.py"}
 # The longest groups first: a long one picked up last is the run's tail on one process while the other idles.
-# Seconds: each module's share of a whole serial run here (2026-12-03, idle 2-core machine, 2213 s in all);
-# the rest keep their order.
+# Seconds: each module's share of a whole `-n 2` run here (2026-12-04, idle 2-core machine, 2406 s in all, with the LM
+# head scoring only labelled positions on CPU); the rest keep their order.
 SLOW_FIRST = {
-    "tests/trainer/test_elastic.py": 297,
-    "tests/demo/test_demo.py": 247,
-    "tests/trainer/test_ray_job.py": 235,  # with test_scale.py: one session run
-    "tests/trainer/test_run_identity.py": 189,
-    "tests/trainer/test_checkpoint_fallback.py": 154,
-    "tests/trainer/data/test_streaming.py": 135,
-    "tests/trainer/worker/test_samples.py": 84,
-    "tests/trainer/test_batch_shape.py": 74,
-    "tests/trainer/test_usage_error_job.py": 68,
-    "tests/trainer/test_messy_data.py": 57,
-    "tests/trainer/test_light_driver_job.py": 38,  # with the Ray groups: the session's cluster stops after them
+    "tests/demo/test_demo.py": 262,
+    "tests/trainer/test_ray_job.py": 240,  # with test_scale.py: one session run
+    "tests/trainer/test_elastic.py": 239,
+    "tests/trainer/test_run_identity.py": 221,
+    "tests/trainer/data/test_streaming.py": 143,
+    "tests/trainer/test_checkpoint_fallback.py": 135,
+    "tests/trainer/test_usage_error_job.py": 99,
+    "tests/trainer/test_batch_shape.py": 85,
+    "tests/trainer/test_messy_data.py": 51,
+    "tests/trainer/test_light_driver_job.py": 45,
+    "tests/trainer/worker/test_samples.py": 34,  # with the Ray groups: the session's cluster stops after them
 }
 
 

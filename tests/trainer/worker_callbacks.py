@@ -28,23 +28,30 @@ HOLD_POLL_S = 0.2
 REGISTERED_WAIT_S = 120
 
 
-def wait_until_registered(storage) -> None:
-    """Until Ray Train has registered every checkpoint of the run that is whole on storage (its manifest, written
-    last, is there). A fault fired sooner can beat the controller to a checkpoint reported a moment before, which a
-    restart then rightly ignores (trainer/job/runs.py: a directory Ray Train never registered is not a
-    checkpoint): the drill would resume from an older one, or from nothing, depending on how fast a step is."""
-    from trainer.job.checkpoint_manifest import MANIFEST_FILE
-    from trainer.job.runs import CHECKPOINT_NAME_PATTERN, CHECKPOINTS_DIR, registered_checkpoints
+def newest_save(args, state) -> int:
+    """The step of the newest checkpoint the run has saved by now (0: none), from its save settings."""
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    if strategy != "steps" or not args.save_steps:
+        return 0
+    every = int(args.save_steps)
+    return state.global_step - state.global_step % every
+
+
+def wait_until_registered(storage, step: int) -> None:
+    """Until Ray Train has registered the run's checkpoint of `step` (or a newer one); at once for step 0. A fault
+    fired sooner can beat the controller (it collects a worker's report on its next poll) to a checkpoint reported a
+    moment before, which a restart then rightly ignores (trainer/job/runs.py: a directory Ray Train never registered
+    is not a checkpoint): the drill would resume from an older one, or from nothing, depending on how fast a step
+    is. By the registry, not by listing the checkpoint directories: on gs:// they are prefixes, which a listing of
+    `checkpoints/` does not show."""
+    from trainer.job.runs import registered_checkpoints
 
     deadline = time.monotonic() + REGISTERED_WAIT_S
-    while True:
-        whole = {name for name in storage.list_dir(CHECKPOINTS_DIR) if CHECKPOINT_NAME_PATTERN.fullmatch(name)
-                 and storage.exists(f"{CHECKPOINTS_DIR}/{name}/{MANIFEST_FILE}")}
-        registered = {uri.rstrip("/").rsplit("/", 1)[-1] for _, uri in registered_checkpoints(storage)}
-        if whole <= registered:
+    while step > 0:
+        if any(registered >= step for registered, _ in registered_checkpoints(storage)):
             return
         if time.monotonic() > deadline:
-            print(f"[fault injection] {sorted(whole - registered)} not registered by Ray Train after "
+            print(f"[fault injection] the step-{step} checkpoint not registered by Ray Train after "
                   f"{REGISTERED_WAIT_S} s: firing anyway", flush=True)
             return
         time.sleep(HOLD_POLL_S)
@@ -56,7 +63,7 @@ class KillOnce(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and self.storage.read_bytes(fault_marker(self.step)) is None:
-            wait_until_registered(self.storage)
+            wait_until_registered(self.storage, newest_save(args, state))
             self.storage.write_bytes(fault_marker(self.step), str(os.getpid()).encode())
             print(f"[fault injection] killing worker pid {os.getpid()} after step {state.global_step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -121,7 +128,7 @@ class HoldAfterStep(TrainerCallback):
             return
         if Path(self.marker).exists():
             return  # held once already: the recomputation of this step after the resize runs through
-        wait_until_registered(self.storage)
+        wait_until_registered(self.storage, newest_save(args, state))
         Path(self.marker).write_text(str(os.getpid()))
         while True:
             time.sleep(HOLD_POLL_S)

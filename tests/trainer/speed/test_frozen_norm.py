@@ -76,3 +76,37 @@ def test_at_train_begin_wins_over_a_later_patch_like_liger():
     assert report["applied"] == 1
     x = torch.randn(2, 8)
     torch.testing.assert_close(model(x), F.layer_norm(x, (8,), model[0].weight, model[0].bias, model[0].eps))
+
+
+@pytest.fixture()
+def cuda_autocast_policy(monkeypatch):
+    """CUDA autocast's policy for layer_norm, on the CPU: PyTorch lists layer_norm among the ops that "autocast to
+    float32" on CUDA (torch.amp's op reference), so under bf16 autocast on a GPU its output is float32. CPU autocast
+    leaves it in x's dtype, so a CPU test would not see what a GPU step does: this stand-in gives F.layer_norm that
+    CUDA behaviour whenever autocast is on (and only then), and counts the calls it upcast."""
+    real = F.layer_norm
+    upcast = []
+
+    def layer_norm(x, shape, weight=None, bias=None, eps=1e-5):
+        if torch.is_autocast_enabled(x.device.type):
+            upcast.append(x.dtype)
+            return real(x.float(), shape, None if weight is None else weight.float(),
+                        None if bias is None else bias.float(), eps)
+        return real(x, shape, weight, bias, eps)
+
+    monkeypatch.setattr(F, "layer_norm", layer_norm)
+    return upcast
+
+
+def test_output_keeps_x_dtype_under_autocast_as_liger_does(cuda_autocast_policy):
+    """Issue #45: under bf16 autocast the frozen norm returned float32 on the GPU (the module it replaces, Liger's
+    LayerNorm, returns x's dtype), so the fused LoRA layers reading it declined their input."""
+    x = torch.randn(4, 5, 64, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.rand(64) + 0.5).to(torch.bfloat16)
+    b = (torch.rand(64) * 0.1).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = frozen_norm.frozen_layer_norm(x, w, b, 1e-6)
+    assert y.dtype == torch.bfloat16 and not cuda_autocast_policy
+    (dx,) = torch.autograd.grad(y.float().sum(), (x,))
+    assert dx.dtype == torch.bfloat16
+    torch.testing.assert_close(y, F.layer_norm(x, (64,), w, b, 1e-6))  # outside autocast: the same bf16 result

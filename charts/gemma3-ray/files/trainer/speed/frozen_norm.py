@@ -6,7 +6,8 @@ Liger's LayerNorm (which `use_liger_kernel` installs) reduces the weight and bia
 its backward anyway: 0.51 ms a call at [65,536, 1,152] bf16, 110 ms of an optimizer step (profile of
 2026-12-02). PyTorch's native kernel, told that neither needs a gradient, computes the input gradient alone:
 0.142 ms a call on an H200 (bench/results/2026-12-02-1818-kernels.jsonl; forward 0.166 ms against Liger's
-0.149), the same function (fp32 statistics, output in x's dtype). `apply_to` swaps the forward of each
+0.149), the same function (fp32 statistics, output in x's dtype — also under autocast, which would otherwise
+return float32: issue #45). `apply_to` swaps the forward of each
 eligible module under a model: a LayerNorm (torch's or Liger's) whose weight and bias are frozen; in a Trainer,
 `at_train_begin` does it when training starts, after the Trainer's own Liger patch (bench/RESULTS.md, round 5:
 applied before it, Liger's patch replaced this one). It is a
@@ -21,11 +22,19 @@ MARK = "_gemma3_ray_frozen_layer_norm"
 
 def frozen_layer_norm(x, weight, bias, eps: float):
     """layer_norm over the last dim; its backward gives x's gradient only (weight and bias must be frozen)."""
+    import torch
     import torch.nn.functional as F
 
     if weight.requires_grad or (bias is not None and bias.requires_grad):
         raise RuntimeError("frozen_layer_norm: the weight or bias requires grad; use the module's own forward")
-    return F.layer_norm(x, (weight.shape[0],), weight, bias, eps)
+    # Autocast lists layer_norm among its float32 ops: inside it the output would be float32, the fused LoRA layers
+    # that read it would decline it (its dtype differs from their weights') and run PEFT's unfused path, and the
+    # float32 activations would stay alive for backward (issue #45: 760 of 976 fused calls a step, +20-30 GiB).
+    # Liger's LayerNorm, which this replaces, returns x's dtype with float32 statistics; so does this.
+    with torch.autocast(x.device.type, enabled=False):
+        w = weight if weight.dtype == x.dtype else weight.to(x.dtype)
+        b = bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype)
+        return F.layer_norm(x, (weight.shape[0],), w, b, eps)
 
 
 def eligible(module) -> bool:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import stage_table as t
-from e2e.kube import StageError
-from e2e.stages import FAIL, NOT_RUN, PASS, Record
+from e2e.runner import table as t
+from e2e.support.errors import StageError
+from e2e.support.record import FAIL, NOT_RUN, PASS, Record
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_README = ROOT / "charts" / "gemma3-ray" / "README.md"
@@ -76,7 +76,7 @@ def test_every_stage_function_exists() -> None:
         if s.fn is None:
             continue
         module, name = s.fn.__qualname__.split(".")
-        assert callable(getattr(importlib.import_module(f"e2e.{module}"), name, None)), s.name
+        assert callable(getattr(importlib.import_module(f"e2e.stages.{module}"), name, None)), s.name
 
 
 def test_a_stage_needs_only_stages_before_it() -> None:
@@ -214,9 +214,9 @@ def test_summary_json_has_every_row_with_its_claim(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- the chart README
 def test_the_chart_readme_cites_the_table_as_generated() -> None:
-    """The README's lifecycle table of `make e2e` is the one generated from STAGES (`python -m e2e.stage_table`)."""
+    """The README's lifecycle table of `make e2e` is the one generated from STAGES (`python -m e2e.runner.table`)."""
     text = CHART_README.read_text()
-    m = re.search(r"<!-- e2e stage table: python -m e2e.stage_table -->\n(.*?)\n<!-- end of e2e stage table -->",
+    m = re.search(r"<!-- e2e stage table: python -m e2e.runner.table -->\n(.*?)\n<!-- end of e2e stage table -->",
                   text, re.S)
     assert m, "charts/gemma3-ray/README.md lacks the generated e2e stage table"
     assert m.group(1) == t.lifecycle_table()

@@ -1,12 +1,13 @@
 """The stage record of `make e2e`: each stage's time and result, the table it prints, the JSON it writes.
 
-Every stage of e2e/stage_table.py gets a row: `pass`, `fail`, or `not run` with the reason (skipped,
+Every stage of e2e/runner/table.py gets a row: `pass`, `fail`, or `not run` with the reason (skipped,
 not selected, precondition unmet, time, stopped after a failure, interrupted). A run passes only when
 no row failed and at least one passed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import traceback
@@ -16,9 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import StageError
+from e2e.support.errors import StageError
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
+
+
+def say(msg: str) -> None:
+    with contextlib.suppress(OSError):  # the terminal went away (SIGHUP): the log and summary.json still say it
+        print(msg, flush=True)
 
 
 @dataclass

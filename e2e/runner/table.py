@@ -1,7 +1,7 @@
 """Every stage of `make e2e` as data: its name, group, the claim it proves, its precondition and its function.
 
 One row per stage, in the order they run. The claim is the sentence the chart README's lifecycle table
-cites (tests/e2e/test_stage_table.py holds the two equal; `python -m e2e.stage_table` prints the table).
+cites (tests/e2e/test_stage_table.py holds the two equal; `python -m e2e.runner.table` prints the table).
 A stage's function takes the Harness and returns what it saw; it raises StageError when its claim is
 false. Adding a stage is one row here and one function.
 
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from e2e.kube import StageError
-from e2e.stages import PASS, Record
+from e2e.support.errors import StageError
+from e2e.support.record import PASS, Record
 
 SETUP, FIRST, CT, DAY2 = "setup", "first", "ct", "day2"
 GROUPS = (SETUP, FIRST, CT, DAY2)
@@ -32,7 +32,7 @@ class StageSpec:
     name: str
     group: str
     claim: str  # what the stage proves when it passes: the sentence the chart README cites
-    fn: Callable[[Any], str] | None  # None: run by e2e/__main__.py before the others (the setup group)
+    fn: Callable[[Any], str] | None  # None: run by e2e/runner/cli.py before the others (the setup group)
     needs: tuple[str, ...] = ()  # stages that must have passed in this run
     requires: tuple[str, ...] = ()  # what the cluster must offer (Harness.missing names what it lacks)
     typical_s: int = 0  # measured here (2 cores, loaded): a stage is left out when less time than this is left
@@ -43,16 +43,16 @@ def _f(module: str, name: str) -> Callable[[Any], str]:
     def call(h: Any) -> str:
         import importlib
 
-        return getattr(importlib.import_module(f"e2e.{module}"), name)(h)
+        return getattr(importlib.import_module(f"e2e.stages.{module}"), name)(h)
     call.__qualname__ = call.__name__ = f"{module}.{name}"
     return call
 
 
 FIRST_RUN = ("install", "RayJob SUCCEEDED")
 STAGES: tuple[StageSpec, ...] = (
-    StageSpec("cluster start", SETUP, "e2e/cluster.sh starts a one-node Kubernetes of real parts with the KubeRay "
+    StageSpec("cluster start", SETUP, "e2e/cluster/cluster.sh starts a one-node Kubernetes of real parts with the KubeRay "
               "operator and Kueue.", None, typical_s=60),
-    StageSpec("images", SETUP, "e2e/image.sh builds the head and training images (images/trainer/Dockerfile).",
+    StageSpec("images", SETUP, "e2e/build/image.sh builds the head and training images (images/trainer/Dockerfile).",
               None, typical_s=900),
     StageSpec("preflight", SETUP, "The cluster serves KubeRay's ray.io/v1 CRDs knowing every RayJob field the chart "
               "sets; Kueue and a cordonable worker node are recorded for the stages that need them; a killed run's "
@@ -132,15 +132,15 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("deletion rules", DAY2, "With rayJob.deletion (KubeRay >= 1.6: workers at once, the cluster after 60 s) "
               "the RayJob SUCCEEDS, its worker pods go while the head stays, the head goes no sooner than 60 s after "
               "the job's end, then no RayCluster and no pod is left and the RayJob stays.",
-              _f("kuberay_stages", "deletion_rules"), requires=("KubeRay >= 1.6",), typical_s=240),
+              _f("kuberay", "deletion_rules"), requires=("KubeRay >= 1.6",), typical_s=240),
     StageSpec("capacity fallback", DAY2, "With capacity.type=fallback [reservation, flex-start], `kueue setup` "
               "makes the two flavors in that order; release A is admitted on the reservation flavor, B, with A "
               "holding its quota, on flex-start, each head pod carrying its flavor's GKE node labels, and "
-              "`gemma3-ray status` names B's flavor.", _f("kuberay_stages", "fallback"), requires=("kueue",),
+              "`gemma3-ray status` names B's flavor.", _f("kuberay", "fallback"), requires=("kueue",),
               typical_s=120),
     StageSpec("streaming", DAY2, "A dataset three times a worker pod's ephemeral-storage limit, sharded into the "
               "bucket by `gemma3-ray data shard`, trains with training.streaming to SUCCEEDED, its summary showing "
-              "every row of the epoch trained once.", _f("streaming_stage", "streamed"), typical_s=600),
+              "every row of the epoch trained once.", _f("streaming", "streamed"), typical_s=600),
 )
 
 

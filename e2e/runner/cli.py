@@ -18,24 +18,15 @@ import shutil
 from pathlib import Path
 
 from e2e.runner.cleanup import cleanup
+from e2e.runner.config import any_cluster_config, check_bucket
 from e2e.runner.table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
 from e2e.runner.table import run as run_stages
-from e2e.stages.setup import (
-    any_cluster_config,
-    check_bucket,
-    check_cluster,
-    inputs,
-    local_images,
-    start_cluster,
-)
 from e2e.support import proc
 from e2e.support.errors import StageError
-from e2e.support.harness import OUT, ROOT, Harness
-from e2e.support.kube import Kube
+from e2e.support.harness import OUT, ROOT, Harness, Images, Setup
 from e2e.support.record import Record, say
-from e2e.support.session import Busy, Session, take_lock
+from e2e.support.session import Busy, take_lock
 from e2e.support.storage import bucket as storage_bucket
-from e2e.support.storage.bucket import BucketStorage
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,34 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)
     proc.install()  # ^C, SIGTERM, SIGHUP: the clean-up runs to its end
-    stack: list = []
+    stack: list = []  # what the clean-up undoes, in order (the setup stages add to it)
     harness: Harness | None = None
-    session: Session | None = None
     code = 1
     error = ""
     try:
         extra: list[Path] = []
-        bucket_storage: BucketStorage | None = None
+        imgs, storage_image, bucket_storage = Images(), "", None
         if os.environ.get("KUBECONFIG"):
             extra, imgs, storage_image = any_cluster_config(bucket)
         if bucket is not None:  # credentials and the bucket checked before anything is made in the cluster
             bucket_storage = check_bucket(rec, bucket, stack)
-        kubeconfig, local = start_cluster(rec, stack)
-        kube = Kube(kubeconfig, OUT / "e2e.log", helm=os.environ.get("HELM", "helm"))
-        if local:
-            imgs, storage_image = local_images(rec, kube)
-            extra = [Path(f).resolve() for f in os.environ.get("E2E_VALUES", "").split(",") if f.strip()]
-        else:
-            rec.not_run("images", "KUBECONFIG is set: the cluster pulls the images E2E_VALUES / E2E_*_IMAGE name")
-        session = Session(kube)
-        rec.facts["run_id"] = session.run_id
-        harness = Harness(kube, rec, None, imgs, OUT, extra_values=extra, session=session)
-        check_cluster(rec, harness, session)
-        harness.storage = inputs(rec, harness, session, storage_image, imgs.pull_policy or "IfNotPresent", stack,
-                                 bucket_storage)
-        rec.facts["versions"] = _versions(kube)
-        harness.missing.update(_kuberay_preflight(kube))
-        run_stages(harness, rec, reasons, deadline=deadline)
+        harness = Harness(None, rec, None, imgs, OUT, extra_values=extra,  # type: ignore[arg-type]
+                          setup=Setup(stack, storage_image, bucket_storage))
+        run_stages(harness, rec, reasons, deadline=deadline)  # the setup rows first: the cluster, images, storage
         code = 0 if rec.ok else 1
     except StageError as e:
         error = str(e)
@@ -123,24 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         finish(rec, stop_reason(rec, code in (129, 130, 143), error), reasons=reasons)
         with proc.shielded(say):
-            code = cleanup(rec, harness, session, stack, args.keep, code)
+            session = harness.session if harness is not None else None
+            code = cleanup(rec, harness if session is not None else None, session, stack, args.keep, code)
         lock.close()
     return code
-
-
-def _kuberay_preflight(kube: Kube) -> dict[str, str]:
-    from e2e.stages.kuberay import preflight
-
-    return preflight(kube)
-
-
-def _versions(kube: Kube) -> dict[str, str]:
-    from e2e.stages.chart_testing import ct_binary
-    from e2e.support.versions import part_versions
-
-    try:
-        ct = ct_binary()
-    except Exception:  # noqa: BLE001 - ct not built: its version is unknown, the run goes on
-        ct = None
-    return part_versions(kube, ct)
-

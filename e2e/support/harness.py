@@ -102,8 +102,17 @@ def set_args(sets: dict[str, str | int | float | bool]) -> list[str]:
 
 
 @dataclass
+class Setup:
+    """What the runner read from the environment and the setup stages hand each other."""
+
+    stack: list = field(default_factory=list)  # what the clean-up undoes: ("cluster", dir), ("storage", RunStorage)
+    storage_image: str = ""  # the emulator's image: E2E_STORAGE_IMAGE, or the one built here
+    bucket: Any = None  # E2E_BUCKET's BucketStorage, checked before anything is made in the cluster
+
+
+@dataclass
 class Harness:
-    kube: Kube
+    kube: Kube  # None until the setup stage "cluster start" knows the cluster
     record: Record
     storage: RunStorage  # the emulator in the cluster, or the run's prefix of E2E_BUCKET
     images: Images
@@ -118,6 +127,7 @@ class Harness:
     # what the cluster lacks, for stage_table's `requires` (a preflight fills it): "kueue" -> why not
     missing: dict[str, str] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)  # other facts one stage hands the next
+    setup: Setup = field(default_factory=Setup)
 
     # ------------------------------------------------------------------ namespaces and releases
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:

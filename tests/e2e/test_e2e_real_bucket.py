@@ -89,7 +89,7 @@ def test_the_gsa_annotation_comes_from_any_of_the_three_places_the_chart_reads_l
 
 def test_a_bucket_without_the_workload_identity_annotation_in_the_values_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.stages.setup import any_cluster_config
+    from e2e.runner.config import any_cluster_config
 
     images = _values(tmp_path, "images.yaml", {"workers": {"image": {"repository": "r/t", "tag": "1"}}})
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))

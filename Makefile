@@ -59,14 +59,14 @@ apt-packages:  ## Debian packages the tests need (apt-get install only what is m
 	  $$sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# What the local cluster of `make e2e` runs on (e2e/cluster.sh) and builds its images with (e2e/image.sh).
+# What the local cluster of `make e2e` runs on (e2e/cluster/cluster.sh) and builds its images with (e2e/build/image.sh).
 E2E_PACKAGES := containerd runc containernetworking-plugins iptables conntrack socat etcd-server openssl \
   mmdebstrap buildah umoci skopeo busybox-static gcc libc6-dev python3-yaml curl
 e2e-packages:  ## Debian packages of the local e2e cluster (apt-get install only what is missing)
 	@$(MAKE) --no-print-directory apt-packages APT_PACKAGES="$(E2E_PACKAGES)"
 
 e2e-parts: e2e-packages  ## build the cluster's parts from their Go modules once per version (cache: ~/.cache/gemma3-ray)
-	e2e/parts.sh build
+	e2e/build/parts.sh build
 
 sync-trainer:  ## the trainer's flags into the chart's `training:` schema (trainer/ is the chart's files/trainer)
 	$(PY) -m scripts.sync_trainer_schema
@@ -83,7 +83,7 @@ test: setup  ## the test suite (offline; CPU)
 # With KUBECONFIG: only helm (tools) and ct (on PATH, else built from its Go module); no apt, no root,
 # no cluster parts. Without: the local cluster's packages and parts (e2e/README.md).
 e2e: tools venv  ## the chart on a real cluster: $$KUBECONFIG (E2E_VALUES, E2E_STORAGE_IMAGE), else a local one-node cluster of real parts
-	@if [ -n "$$KUBECONFIG" ]; then command -v ct >/dev/null || e2e/parts.sh build ct; \
+	@if [ -n "$$KUBECONFIG" ]; then command -v ct >/dev/null || e2e/build/parts.sh build ct; \
 	else $(MAKE) --no-print-directory e2e-parts; fi
 	$(PY) -m e2e $(ARGS)
 

@@ -4,7 +4,7 @@ The versions the tests cover: 1.4.2 (the oldest the chart supports; what a manag
 serve), 1.5.0 (what `make e2e` runs by default) and 1.7.0 (the newest). 1.4.2 and 1.7.0 come from
 ../shared/kuberay-crds (the release tags' config/crd/bases, unchanged). 1.5.0 comes from the same
 place the e2e part gets its CRDs: the ray-operator Go module at v1.5.0 (config/crd/bases), first from
-`make e2e-parts`' cache (e2e/parts.sh copies them there), else from the Go module cache, which
+`make e2e-parts`' cache (e2e/build/parts.sh copies them there), else from the Go module cache, which
 `go mod download` fills from the machine's module proxy (GOPROXY), once.
 """
 

@@ -148,7 +148,7 @@ time.sleep(300)
 """
 OWNER_CHILD = '''
 import os, sys
-from e2e.proc import run_child as run
+from e2e.support.proc import run_child as run
 
 def test_runs_a_program_that_owns_a_server():
     run([sys.executable, "-c", os.environ["OWNER"]], timeout=600)
@@ -156,7 +156,7 @@ def test_runs_a_program_that_owns_a_server():
 
 
 def test_a_stop_reaches_a_program_the_test_runs_and_waits_for_its_clean_up(tmp_path: Path) -> None:
-    """A test that runs a program owning processes through e2e.proc.run_child (as test_demo and test_elastic run
+    """A test that runs a program owning processes through e2e.support.proc.run_child (as test_demo and test_elastic run
     the demo and the drill): SIGTERM to the test run reaches the program and its clean-up finishes (through
     subprocess.run: SIGKILL 0.25 s later, its server left)."""
     out = tmp_path / "out"

@@ -6,7 +6,7 @@ write_containerd_config() {
   mkdir -p "$DIR/containerd" "$CACHE/containerd/root" "$RUNDIR/containerd"
   cat > "$DIR/containerd/config.toml" <<EOF
 version = 2
-# the image store lives in the cache so that imported images survive stop/start (e2e/image.sh)
+# the image store lives in the cache so that imported images survive stop/start (e2e/build/image.sh)
 root = "$CACHE/containerd/root"
 state = "$RUNDIR/containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
@@ -42,7 +42,7 @@ EOF
   write_registry_hosts
 }
 
-# E2E_REGISTRY=HOST:PORT[,HOST:PORT...]: registries the node pulls from over plain HTTP (e2e/registry.sh),
+# E2E_REGISTRY=HOST:PORT[,HOST:PORT...]: registries the node pulls from over plain HTTP (e2e/cluster/registry.sh),
 # as a cluster owner configures a local registry (containerd's hosts.toml, like kind's certs.d)
 write_registry_hosts() {
   local r

@@ -21,7 +21,7 @@ docker_archive() {
 }
 
 build_pause() {  # -> path of the tar, cached by the source's hash
-  local src="$HERE/cluster/pause.c" h out r
+  local src="$HERE/pause.c" h out r
   h=$(sha256sum "$src" | cut -c1-16); out="$CACHE/cluster/images/pause-$h.tar"
   [ -f "$out" ] && { echo "$out"; return 0; }
   command -v gcc >/dev/null || { echo "gcc is needed once to build the pause image (apt-get install -y gcc libc6-dev)" >&2; return 1; }

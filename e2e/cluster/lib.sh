@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Helpers of e2e/cluster.sh: progress lines, PID files, starting a part, waiting on it, failing with its log.
+# Helpers of e2e/cluster/cluster.sh: progress lines, PID files, starting a part, waiting on it, failing with its log.
 # Every part runs in its own session (setsid) and is known by DIR/run/NAME.pid: "PID BINARY". A PID
 # counts as the part only while /proc/PID/exe is still that binary, so a reused PID is never signalled.
 

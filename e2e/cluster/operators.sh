@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The KubeRay operator and Kueue, each the real controller built from its module (e2e/parts.sh), run on
+# The KubeRay operator and Kueue, each the real controller built from its module (e2e/build/parts.sh), run on
 # the host out of cluster with its own kubeconfig and its upstream ClusterRole. KubeRay reaches each Ray
 # dashboard through the API server's service proxy (--use-kubernetes-proxy): the host does not resolve
 # cluster DNS names. Kueue serves its webhooks on 127.0.0.1, registered by URL with our CA.
@@ -7,7 +7,7 @@
 KUEUE_METRICS_CERTS=/etc/kueue/metrics/certs   # fixed in Kueue v0.17's main.go when it does not manage certs
 
 manifests() {  # manifests rbac|crds|webhooks
-  python3 "$HERE/cluster/manifests.py" "$KUBERAY_BIN" "$KUEUE_BIN" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
+  python3 "$HERE/manifests.py" "$KUBERAY_BIN" "$KUEUE_BIN" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
     "$DIR/pki/ca.crt" "$1"
 }
 

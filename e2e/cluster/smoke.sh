@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Smoke proof of a cluster started by e2e/cluster.sh: each check is a real behaviour that fails loudly.
+# Smoke proof of a cluster started by e2e/cluster/cluster.sh: each check is a real behaviour that fails loudly.
 #   e2e/cluster/smoke.sh DIR [RAY_IMAGE]
 # node Ready; a pod runs and `kubectl logs` reads it; a Service answers by DNS name from a pod; a pod
 # reaches the API server through the kubernetes Service; the KubeRay operator turns a RayCluster into
 # pods; Kueue admits the Workload of a suspended RayJob through a ClusterQueue/LocalQueue and un-suspends
 # it. RAY_IMAGE (default local/busybox:1.35, no Ray in it: the head pod is made but cannot start Ray)
-# can be the trainer image e2e/image.sh imported: then the head must become Ready with Ray running.
+# can be the trainer image e2e/build/image.sh imported: then the head must become Ready with Ray running.
 set -uo pipefail
 DIR=$(cd "${1:?usage: smoke.sh DIR [RAY_IMAGE]}" && pwd); RAY_IMAGE=${2:-local/busybox:1.35}
 export KUBECONFIG=$DIR/kubeconfig

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from demo import __main__ as demo_main
-from e2e.proc import run_child
+from e2e.support.proc import run_child
 from localkit.chart_job import as_kuberay_submits, local_entrypoint, parse_chart_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def _demo_env() -> dict[str, str]:
 
 def _run_demo(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "demo", f"--output-dir={out}", *extra]
-    # A stop of the test run reaches the demo, which stops its Ray head (e2e.proc.run_child; subprocess.run
+    # A stop of the test run reaches the demo, which stops its Ray head (e2e.support.proc.run_child; subprocess.run
     # would SIGKILL it 0.25 s after the interrupt).
     return run_child(cmd, cwd=ROOT, env=_demo_env(), timeout=DEMO_TIMEOUT_S)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import host_config
-from e2e.harness import Images, parse_ref
-from e2e.preflight import unknown_fields, worker_node
+from e2e.build import host_config
+from e2e.support.harness import Images, parse_ref
+from e2e.support.preflight import unknown_fields, worker_node
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
@@ -145,15 +145,15 @@ def _fake_go(tmp_path: Path, version: str, needs: str) -> dict[str, str]:
 
 def test_parts_add_to_the_machines_goflags_and_say_which_go_is_needed(tmp_path: Path) -> None:
     env = _fake_go(tmp_path, "1.22.1", "1.26.0")
-    flags = subprocess.run([str(ROOT / "e2e" / "parts.sh"), "goflags"], capture_output=True, text=True, env=env)
+    flags = subprocess.run([str(ROOT / "e2e" / "build" / "parts.sh"), "goflags"], capture_output=True, text=True, env=env)
     assert flags.stdout.split() == ["-buildvcs=false", "-mod=mod"]
-    out = subprocess.run([str(ROOT / "e2e" / "parts.sh"), "build", "registry"], capture_output=True, text=True, env=env,
+    out = subprocess.run([str(ROOT / "e2e" / "build" / "parts.sh"), "build", "registry"], capture_output=True, text=True, env=env,
                          timeout=60)
     assert out.returncode != 0
     assert "needs Go >= 1.26.0" in out.stderr and "this machine has go 1.22.1" in out.stderr, out.stderr
     assert not (tmp_path / "cache" / "parts").exists() or not any((tmp_path / "cache" / "parts").rglob(".built"))
     (tmp_path / "new").mkdir()
-    ok = subprocess.run([str(ROOT / "e2e" / "parts.sh"), "go-check", "registry"], capture_output=True, text=True,
+    ok = subprocess.run([str(ROOT / "e2e" / "build" / "parts.sh"), "go-check", "registry"], capture_output=True, text=True,
                         env=_fake_go(tmp_path / "new", "1.26.8", "1.26.0"))
     assert ok.returncode == 0, ok.stderr
 
@@ -181,7 +181,7 @@ def test_a_rayjob_field_the_crd_does_not_know_is_named() -> None:
 
 # ---------------------------------------------------------------- one run per machine
 def test_a_second_make_e2e_is_refused_before_it_touches_the_first_runs_output(tmp_path: Path) -> None:
-    from e2e.session import take_lock
+    from e2e.support.session import take_lock
 
     env = {**os.environ, "GEMMA3_RAY_CACHE": str(tmp_path / "cache"), "E2E_OUTPUT": str(tmp_path / "out"),
            "KUBECONFIG": str(tmp_path / "none")}
@@ -205,7 +205,7 @@ def test_a_second_make_e2e_is_refused_before_it_touches_the_first_runs_output(tm
 
 # ---------------------------------------------------------------- signals reach the scripts
 STAND_IN = """#!/bin/bash
-# Stands in for e2e/cluster.sh and e2e/image.sh: works until a signal, then a clean-up that takes 1.5 s
+# Stands in for e2e/cluster/cluster.sh and e2e/build/image.sh: works until a signal, then a clean-up that takes 1.5 s
 # (cluster.sh stop takes 5-15 s) and that a second signal must not cut short.
 out=$1
 cleanup() { trap '' INT TERM HUP; echo "got $1" >> "$out"; sleep 1.5; echo "cleaned $1" >> "$out"; exit 130; }
@@ -217,8 +217,8 @@ for i in $(seq 600); do sleep 0.1; done
 DRIVER = """
 import sys
 from pathlib import Path
-from e2e import proc
-from e2e.harness import run_script
+from e2e.support import proc
+from e2e.support.harness import run_script
 proc.install()
 try:
     run_script(["bash", sys.argv[1], sys.argv[2]], Path(sys.argv[3]), 120, "stand-in")
@@ -263,7 +263,7 @@ def test_a_signal_to_make_e2e_reaches_the_script_which_finishes_its_clean_up(tmp
 def test_a_signal_while_the_script_starts_still_reaches_it(tmp_path: Path, monkeypatch) -> None:
     """The signal lands inside subprocess.Popen, after the script started (a ^C right after its first line, seen
     under load): the script still gets it and finishes its clean-up before the interrupt goes on."""
-    from e2e import proc
+    from e2e.support import proc
 
     script, out = tmp_path / "stand_in.sh", tmp_path / "out"
     script.write_text(STAND_IN)
@@ -293,14 +293,14 @@ def test_a_signal_while_the_script_starts_still_reaches_it(tmp_path: Path, monke
 
 # ---------------------------------------------------------------- caches keep the last two keys
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("buildah") or not shutil.which("mmdebstrap"),
-                    reason="e2e/image.sh build runs as root with buildah and mmdebstrap")
+                    reason="e2e/build/image.sh build runs as root with buildah and mmdebstrap")
 def test_the_image_cache_keeps_the_last_two_keys_of_each_image(tmp_path: Path) -> None:
     env = {**os.environ, "GEMMA3_RAY_CACHE": str(tmp_path)}
     images = tmp_path / "images"
     images.mkdir()
 
     def sh(*args: str) -> str:
-        out = subprocess.run([str(ROOT / "e2e" / "image.sh"), *args], capture_output=True, text=True, env=env,
+        out = subprocess.run([str(ROOT / "e2e" / "build" / "image.sh"), *args], capture_output=True, text=True, env=env,
                              timeout=120)
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
@@ -343,7 +343,7 @@ def test_what_a_killed_cluster_left_is_named_and_removed_and_nothing_else(tmp_pa
     except BlockingIOError:
         pytest.skip("a cluster is starting or stopping on this host")
     env = {**os.environ, "GEMMA3_RAY_CACHE": str(tmp_path / "cache")}
-    sh = [str(ROOT / "e2e" / "cluster.sh"), "leftovers", str(tmp_path / "dir")]
+    sh = [str(ROOT / "e2e" / "cluster" / "cluster.sh"), "leftovers", str(tmp_path / "dir")]
     try:
         # another Kubernetes' bridge (another address) is not ours: left alone
         subprocess.run(["ip", "link", "add", "cni0", "type", "bridge"], check=True)

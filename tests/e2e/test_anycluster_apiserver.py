@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from e2e.kube import Kube
-from e2e.preflight import preflight
-from e2e.session import HOST_LABEL, RUN_LABEL, Session, host_label_value
+from e2e.support.kube import Kube
+from e2e.support.preflight import preflight
+from e2e.support.session import HOST_LABEL, RUN_LABEL, Session, host_label_value
 
 OWNER = {"app.kubernetes.io/managed-by": "gemma3-ray-kueue-setup"}
 CHART_SPEC = {"entrypoint": "python -m x", "rayClusterSpec": {}, "backoffLimit": 0, "submissionMode": "K8sJobMode"}

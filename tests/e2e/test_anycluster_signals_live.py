@@ -68,6 +68,6 @@ def test_a_signal_during_a_stage_ends_make_e2e_with_nothing_left(tmp_path: Path,
     summary = json.loads((tmp_path / "summary.json").read_text())
     row = next(s for s in summary["stages"] if s["name"] == point)
     assert row["result"] in {"fail", "not run", "pass"}, row
-    from e2e.session import take_lock
+    from e2e.support.session import take_lock
 
     take_lock().close()  # the machine's lock is free again

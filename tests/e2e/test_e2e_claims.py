@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from e2e import day_two
-from e2e.harness import Run
-from e2e.kube import StageError
+from e2e.stages import day_two
+from e2e.support.errors import StageError
+from e2e.support.harness import Run
 
 MAX = 12
 

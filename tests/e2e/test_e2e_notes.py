@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import notes_check as nc
-from e2e import stage_table as t
+from e2e.runner import table as t
+from e2e.support import notes_check as nc
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gemma3-ray"

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from e2e import notes_check as nc
-from e2e.first_run import run_notes_line
-from e2e.harness import Run
-from e2e.kube import Kube, StageError
+from e2e.stages.first_run import run_notes_line
+from e2e.support import notes_check as nc
+from e2e.support.errors import StageError
+from e2e.support.harness import Run
+from e2e.support.kube import Kube
 from tests.plugin.kube_apiserver import kubectl
 from tests.plugin.test_down_cluster import _rayjob
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e import storage_bucket as st
-from e2e import storage_emulator
-from e2e.kube import Kube, StageError
+from e2e.support.errors import StageError
+from e2e.support.kube import Kube
+from e2e.support.storage import bucket as st
+from e2e.support.storage import emulator as storage_emulator
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = os.environ.get("HELM") or str(ROOT / ".tools" / "bin" / "helm")
@@ -88,7 +89,7 @@ def test_the_gsa_annotation_comes_from_any_of_the_three_places_the_chart_reads_l
 
 def test_a_bucket_without_the_workload_identity_annotation_in_the_values_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from e2e.__main__ import any_cluster_config
+    from e2e.runner.config import any_cluster_config
 
     images = _values(tmp_path, "images.yaml", {"workers": {"image": {"repository": "r/t", "tag": "1"}}})
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
@@ -221,7 +222,7 @@ def test_a_bucket_it_cannot_read_is_one_sentence(gcs: str, tmp_path: Path) -> No
 
 
 def test_the_chart_renders_the_bucket_mode_with_no_emulator_and_the_runs_prefix(gcs: str, tmp_path: Path) -> None:
-    from e2e.harness import VALUES, Harness, Images
+    from e2e.support.harness import VALUES, Harness, Images
 
     s = _bucket_storage(gcs, "r4", tmp_path)
     h = Harness(Kube(tmp_path / "kubeconfig", tmp_path / "log"), None, s, Images("r/h:1", "r/w:1"), tmp_path)
@@ -250,10 +251,11 @@ def test_the_chart_renders_the_bucket_mode_with_no_emulator_and_the_runs_prefix(
 # ---------------------------------------------------------------- on the real kube-apiserver
 def test_the_bucket_mode_makes_no_emulator_in_the_cluster_and_its_clean_up_empties_the_prefix(
         gcs: str, kube_apiserver: Path, tmp_path: Path) -> None:
-    from e2e.__main__ import _cleanup, open_storage
-    from e2e.harness import Harness, Images
-    from e2e.session import Session
-    from e2e.stages import Record
+    from e2e.runner.cleanup import cleanup as _cleanup
+    from e2e.stages.setup import open_storage
+    from e2e.support.harness import Harness, Images
+    from e2e.support.record import Record
+    from e2e.support.session import Session
 
     kube = Kube(kube_apiserver, tmp_path / "log")
     before = kube.k("get", "namespaces", "-o", "name").stdout.split()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.harness import set_args
-from e2e.streaming_stage import chart_sets
+from e2e.stages.streaming import chart_sets
+from e2e.support.harness import set_args
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e import stage_table as t
-from e2e.kube import StageError
-from e2e.stages import FAIL, NOT_RUN, PASS, Record
+from e2e.runner import table as t
+from e2e.support.errors import NotRun, StageError
+from e2e.support.harness import Harness, Images
+from e2e.support.record import FAIL, NOT_RUN, PASS, Record
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_README = ROOT / "charts" / "gemma3-ray" / "README.md"
@@ -41,16 +42,12 @@ def _table(fail: str = "") -> tuple[t.StageSpec, ...]:
                 raise StageError(f"{name}: its claim is false here")
             return f"{name} done"
         return fn
-    return tuple(dataclasses.replace(s, fn=fn_for(s.name)) if s.fn else s for s in t.STAGES)
+    return tuple(dataclasses.replace(s, fn=fn_for(s.name)) for s in t.STAGES)
 
 
 def _run(tmp_path: Path, only: str = "", skip: str = "", fail: str = "", missing=None, deadline=None, clock=None):
     rec, h = _record(tmp_path), FakeHarness(missing)
     table = _table(fail)
-    for s in table:  # the entry point's setup rows
-        if s.group == t.SETUP:
-            with rec.stage(s.name):
-                pass
     with contextlib.suppress(StageError):
         t.run(h, rec, t.select(only, skip, table), deadline=deadline, table=table,
               **({"clock": clock} if clock else {}))
@@ -66,17 +63,15 @@ def test_every_stage_has_one_row_a_known_group_a_claim_and_a_function() -> None:
     for s in t.STAGES:
         assert s.group in t.GROUPS, s
         assert s.claim.endswith(".") and len(s.claim) > 20, s  # a sentence the README can cite
-        assert (s.fn is None) == (s.group == t.SETUP), s
+        assert callable(s.fn), s  # the setup rows too: the runner only walks the table
         assert s.typical_s > 0, s
 
 
 def test_every_stage_function_exists() -> None:
     """A row pointing at a missing function would fail only on the real cluster, an hour in."""
     for s in t.STAGES:
-        if s.fn is None:
-            continue
         module, name = s.fn.__qualname__.split(".")
-        assert callable(getattr(importlib.import_module(f"e2e.{module}"), name, None)), s.name
+        assert callable(getattr(importlib.import_module(f"e2e.stages.{module}"), name, None)), s.name
 
 
 def test_a_stage_needs_only_stages_before_it() -> None:
@@ -175,6 +170,42 @@ def test_stages_that_do_not_fit_before_the_deadline_are_not_run_time(tmp_path: P
     assert "s left before E2E_DEADLINE" in rec.row("RayJob SUCCEEDED").detail
 
 
+def test_the_setup_rows_are_walked_first_and_the_deadline_leaves_them_in(tmp_path: Path) -> None:
+    """The runner only walks the table: the four setup rows run through it, first, and as before this change
+    E2E_DEADLINE gates only the stages after them."""
+    rec, h = _run(tmp_path, only="first", deadline=0.0, clock=lambda: 1000.0)
+    setup = [s.name for s in t.STAGES if s.group == t.SETUP]
+    assert h.called == setup and [s.name for s in rec.stages][:4] == setup
+    assert all(rec.row(n).result == PASS and rec.row(n).claim for n in setup)
+    assert rec.row("install").result == NOT_RUN and rec.row("install").detail.startswith("time:")
+
+
+def test_a_stage_that_does_not_apply_gets_a_not_run_row_and_the_run_goes_on(tmp_path: Path) -> None:
+    def fn(h: FakeHarness) -> str:
+        h.called.append("cluster start")
+        raise NotRun("KUBECONFIG is set: its cluster is used")
+    table = tuple(dataclasses.replace(s, fn=fn) if s.name == "cluster start" else s for s in _table())
+    rec, h = _record(tmp_path), FakeHarness()
+    t.run(h, rec, t.select("first", "", table), table=table)
+    row = rec.row("cluster start")
+    assert (row.result, row.detail, row.seconds) == (NOT_RUN, "KUBECONFIG is set: its cluster is used", 0.0)
+    assert rec.row("install").result == PASS and rec.ok
+
+
+def test_with_kubeconfig_the_setup_functions_take_that_cluster_and_their_rows_say_not_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real setup functions of e2e/stages/setup.py (nothing here touches a cluster): cluster start takes the
+    cluster KUBECONFIG names into the Harness; images is not run, the values name them."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    rec = _record(tmp_path)
+    h = Harness(None, rec, None, Images(), tmp_path)
+    setup_rows = tuple(s for s in t.STAGES if s.name in ("cluster start", "images"))
+    t.run(h, rec, {}, table=setup_rows)
+    assert [(s.name, s.result) for s in rec.stages] == [("cluster start", NOT_RUN), ("images", NOT_RUN)]
+    assert rec.row("cluster start").detail == "KUBECONFIG is set: its cluster is used"
+    assert h.kube.kubeconfig == tmp_path / "kubeconfig" and h.kube.log_path == tmp_path / "e2e.log"
+
+
 def test_a_bad_deadline_is_one_sentence() -> None:
     with pytest.raises(StageError, match="E2E_DEADLINE='soon': give a Unix time"):
         t.deadline_from_env("soon")
@@ -214,9 +245,9 @@ def test_summary_json_has_every_row_with_its_claim(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- the chart README
 def test_the_chart_readme_cites_the_table_as_generated() -> None:
-    """The README's lifecycle table of `make e2e` is the one generated from STAGES (`python -m e2e.stage_table`)."""
+    """The README's lifecycle table of `make e2e` is the one generated from STAGES (`python -m e2e.runner.table`)."""
     text = CHART_README.read_text()
-    m = re.search(r"<!-- e2e stage table: python -m e2e.stage_table -->\n(.*?)\n<!-- end of e2e stage table -->",
+    m = re.search(r"<!-- e2e stage table: python -m e2e.runner.table -->\n(.*?)\n<!-- end of e2e stage table -->",
                   text, re.S)
     assert m, "charts/gemma3-ray/README.md lacks the generated e2e stage table"
     assert m.group(1) == t.lifecycle_table()

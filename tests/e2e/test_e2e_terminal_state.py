@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.kube import ended
+from e2e.support.kube import ended
 
 
 @pytest.mark.parametrize(("deployment", "job", "want"), [

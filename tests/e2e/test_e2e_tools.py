@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.kube import Kube, StageError
+from e2e.support.errors import StageError
+from e2e.support.kube import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
 

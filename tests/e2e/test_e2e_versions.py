@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import versions
+from e2e.support import versions
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="needs the go command (make e2e-parts installs it)")

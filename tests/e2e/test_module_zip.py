@@ -1,4 +1,4 @@
-"""e2e/module_zip.py: the module zip e2e/parts.sh serves from a file:// proxy for a version the proxy refuses whole
+"""e2e/build/module_zip.py: the module zip e2e/build/parts.sh serves from a file:// proxy for a version the proxy refuses whole
 (ray-operator v1.7.0). The go command checks the zip against the checksum database; these tests hold the file
 set the go command's zip rules give, so a wrong set fails here with a name, not there with a hash."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.module_zip import escape, module_files, write
+from e2e.build.module_zip import escape, module_files, write
 
 MOD = "github.com/Example/op"
 

@@ -1,13 +1,13 @@
 """The storage emulator's container runs its binary: the argv Kubernetes derives from the pod and the image.
 
-Seen on main: the Deployment set only `args`, which replace the image's Cmd; e2e/image.sh's storage image
+Seen on main: the Deployment set only `args`, which replace the image's Cmd; e2e/build/image.sh's storage image
 carries its binary as Cmd with no Entrypoint, so the container ran "-scheme" and crash-looped."""
 
 import json
 import re
 from pathlib import Path
 
-from e2e.storage_emulator import BINARY, manifest
+from e2e.support.storage.emulator import BINARY, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,10 +20,10 @@ def effective_argv(container: dict, entrypoint: list[str], cmd: list[str]) -> li
 
 
 def storage_image_config() -> tuple[list[str], list[str]]:
-    """(Entrypoint, Cmd) of the storage image as e2e/image.sh writes it (docker_archive sets only Cmd)."""
-    text = (ROOT / "e2e" / "image.sh").read_text()
+    """(Entrypoint, Cmd) of the storage image as e2e/build/image.sh writes it (docker_archive sets only Cmd)."""
+    text = (ROOT / "e2e" / "build" / "image.sh").read_text()
     cmd = re.search(r'docker_archive "\$\{ref#docker\.io/\}" "\$TMP/root" "\$TMP/image\.tar" \'(\[.*?\])\'', text)
-    assert cmd, "e2e/image.sh no longer writes the storage image with docker_archive ... CMD_JSON"
+    assert cmd, "e2e/build/image.sh no longer writes the storage image with docker_archive ... CMD_JSON"
     images = (ROOT / "e2e" / "cluster" / "images.sh").read_text()
     assert '"Entrypoint"' not in images  # docker_archive's config has Cmd only
     return [], json.loads(cmd.group(1))
@@ -66,7 +66,7 @@ def test_the_memory_limit_holds_two_checkpoint_uploads_at_once() -> None:
     grows. Seen: at 512Mi the emulator was OOMKilled while the e2e's two workers uploaded checkpoint-000004, and
     the restarted server answered the trainer's next chunk 404 ("UploadChunk ... Not Found"): RayJob FAILED.
     The largest object is optimizer.pt: Adam's two fp32 moments of the tiny model's trained embedding."""
-    from e2e.storage_emulator import MEMORY_LIMIT
+    from e2e.support.storage.emulator import MEMORY_LIMIT
     from localkit.tiny_model import GEMMA3_VISION_VOCAB_SIZE, TINY_TEXT
 
     optimizer_bytes = GEMMA3_VISION_VOCAB_SIZE * TINY_TEXT["hidden_size"] * 4 * 2
@@ -83,7 +83,7 @@ def test_the_memory_limit_holds_two_checkpoint_uploads_at_once() -> None:
 
 def test_a_restarted_emulator_is_named_in_the_failure() -> None:
     """The trainer's error ('UploadChunk 404') hid the cause; the run's failure must lead with the emulator's end."""
-    from e2e.storage_emulator import restarts_sentence
+    from e2e.support.storage.emulator import restarts_sentence
 
     pod = {"metadata": {"name": "fake-gcs-5d58b7cf6b-lvsqx"},
            "status": {"containerStatuses": [{"name": "fake-gcs", "restartCount": 2,

@@ -1,4 +1,4 @@
-"""e2e/image.sh: image names are content keys of exactly their inputs; bad input gets one sentence."""
+"""e2e/build/image.sh: image names are content keys of exactly their inputs; bad input gets one sentence."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-INPUTS = ["e2e/image.sh", "trainer/requirements.txt", "images/trainer/Dockerfile", "images/trainer/check_pins.py"]
+INPUTS = ["e2e/build/image.sh", "trainer/requirements.txt", "images/trainer/Dockerfile", "images/trainer/check_pins.py"]
 
 
 @pytest.fixture()
@@ -25,7 +25,7 @@ def tree(tmp_path: Path) -> Path:
 
 def image_sh(tree: Path, *args: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tree), "GEMMA3_RAY_CACHE": str(tree / "cache")}
-    return subprocess.run(["bash", str(tree / "e2e/image.sh"), *args], capture_output=True, text=True, env=env,
+    return subprocess.run(["bash", str(tree / "e2e/build/image.sh"), *args], capture_output=True, text=True, env=env,
                           timeout=60)
 
 
@@ -69,7 +69,7 @@ def test_a_trainer_input_changes_the_trainer_name_only(tree: Path, rel: str, old
 ])
 def test_the_base_recipe_changes_both_names(tree: Path, old: str, new: str) -> None:
     base, trainer = names(tree)
-    edit(tree / "e2e/image.sh", old, new)
+    edit(tree / "e2e/build/image.sh", old, new)
     new_base, new_trainer = names(tree)
     assert new_base != base and new_trainer != trainer
 
@@ -95,7 +95,7 @@ def test_import_names_the_missing_socket(tree: Path) -> None:
     assert out.returncode != 0 and out.stderr.count("\n") == 1 and "import SOCKET|DIR" in out.stderr, out.stderr
     out = image_sh(tree, "import", str(tree / "nothing"))
     assert out.returncode != 0 and out.stderr.count("\n") == 1, out.stderr
-    assert f"no containerd socket at {tree}/nothing" in out.stderr and "e2e/cluster.sh start DIR" in out.stderr
+    assert f"no containerd socket at {tree}/nothing" in out.stderr and "e2e/cluster/cluster.sh start DIR" in out.stderr
 
 
 @pytest.mark.skipif(shutil.which("ctr") is None, reason="ctr (Debian containerd) is not installed")
@@ -110,6 +110,6 @@ def test_import_names_a_socket_nobody_answers(tree: Path) -> None:
 
 def test_an_unknown_command_or_image_gets_the_usage(tree: Path) -> None:
     out = image_sh(tree, "push")
-    assert out.returncode != 0 and out.stderr.startswith("e2e/image.sh: usage:"), out.stderr
+    assert out.returncode != 0 and out.stderr.startswith("e2e/build/image.sh: usage:"), out.stderr
     out = image_sh(tree, "name", "head")
     assert out.returncode != 0 and "unknown image 'head' (base, trainer or storage)" in out.stderr, out.stderr

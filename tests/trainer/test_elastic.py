@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from e2e.proc import run_child
+from e2e.support.proc import run_child
 from tests.trainer.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def run_drill(tmp: Path, jobs: list[dict[str, Any]]) -> dict[str, dict[str, Any]
     spec = {"jobs": jobs, "records_dir": str(tmp / "records"), "id_pattern": ID_PATTERN}
     (tmp / "spec.json").write_text(json.dumps(spec))
     out, log = tmp / "result.json", tmp / "drill.log"
-    # A stop of the test run reaches the drill, which shuts its Ray cluster down (e2e.proc.run_child; subprocess.run
+    # A stop of the test run reaches the drill, which shuts its Ray cluster down (e2e.support.proc.run_child; subprocess.run
     # would SIGKILL it 0.25 s after the interrupt).
     proc = run_child([sys.executable, "-m", "tests.trainer.elastic_drill", "--spec", str(tmp / "spec.json"),
                          "--out", str(out)], cwd=ROOT, timeout=DRILL_TIMEOUT_S)

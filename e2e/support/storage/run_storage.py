@@ -1,9 +1,9 @@
 """The e2e's Cloud Storage: one interface (RunStorage) the stages use, in two modes, each a module of its own.
 
-- e2e/storage_emulator.py (the default): fake-gcs-server inside the cluster, a Deployment and a Service in a
+- e2e/support/storage/emulator.py (the default): fake-gcs-server inside the cluster, a Deployment and a Service in a
   namespace of the run, standing in for Google Cloud Storage (no Google here); pods reach it through
   STORAGE_EMULATOR_HOST, the harness through `kubectl port-forward`.
-- e2e/storage_bucket.py (E2E_BUCKET=gs://NAME[/prefix], only with KUBECONFIG): a real bucket, reached by the pods
+- e2e/support/storage/bucket.py (E2E_BUCKET=gs://NAME[/prefix], only with KUBECONFIG): a real bucket, reached by the pods
   through the chart's Workload Identity values and by the harness with Application Default Credentials;
   everything under `<prefix>/gemma3-ray-e2e-<run id>/`, and only that deleted at the end.
 
@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import StageError
+from e2e.support.errors import StageError
 
 
 def _split(uri: str) -> tuple[str, str]:

@@ -1,9 +1,10 @@
 """Every stage of `make e2e` as data: its name, group, the claim it proves, its precondition and its function.
 
 One row per stage, in the order they run. The claim is the sentence the chart README's lifecycle table
-cites (tests/e2e/test_stage_table.py holds the two equal; `python -m e2e.stage_table` prints the table).
+cites (tests/e2e/test_e2e_stage_table.py holds the two equal; `python -m e2e.runner.table` prints the table).
 A stage's function takes the Harness and returns what it saw; it raises StageError when its claim is
-false. Adding a stage is one row here and one function.
+false (or NotRun when it does not apply here). Adding a stage is one row here and one function in a
+module of e2e/stages/ (e2e/README.md shows one).
 
 Preconditions: `needs` names stages that must have passed in this run (a rollback needs the upgrade it
 rolls back from); `requires` names what the cluster must offer, which a preflight records in
@@ -19,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from e2e.kube import StageError
-from e2e.stages import PASS, Record
+from e2e.support.errors import StageError
+from e2e.support.record import PASS, Record
 
 SETUP, FIRST, CT, DAY2 = "setup", "first", "ct", "day2"
 GROUPS = (SETUP, FIRST, CT, DAY2)
@@ -32,7 +33,7 @@ class StageSpec:
     name: str
     group: str
     claim: str  # what the stage proves when it passes: the sentence the chart README cites
-    fn: Callable[[Any], str] | None  # None: run by e2e/__main__.py before the others (the setup group)
+    fn: Callable[[Any], str]  # the stage: takes the Harness, returns what it saw (StageError: its claim is false)
     needs: tuple[str, ...] = ()  # stages that must have passed in this run
     requires: tuple[str, ...] = ()  # what the cluster must offer (Harness.missing names what it lacks)
     typical_s: int = 0  # measured here (2 cores, loaded): a stage is left out when less time than this is left
@@ -43,23 +44,23 @@ def _f(module: str, name: str) -> Callable[[Any], str]:
     def call(h: Any) -> str:
         import importlib
 
-        return getattr(importlib.import_module(f"e2e.{module}"), name)(h)
+        return getattr(importlib.import_module(f"e2e.stages.{module}"), name)(h)
     call.__qualname__ = call.__name__ = f"{module}.{name}"
     return call
 
 
 FIRST_RUN = ("install", "RayJob SUCCEEDED")
 STAGES: tuple[StageSpec, ...] = (
-    StageSpec("cluster start", SETUP, "e2e/cluster.sh starts a one-node Kubernetes of real parts with the KubeRay "
-              "operator and Kueue.", None, typical_s=60),
-    StageSpec("images", SETUP, "e2e/image.sh builds the head and training images (images/trainer/Dockerfile).",
-              None, typical_s=900),
+    StageSpec("cluster start", SETUP, "e2e/cluster/cluster.sh starts a one-node Kubernetes of real parts with the KubeRay "
+              "operator and Kueue.", _f("setup", "cluster_start"), typical_s=60),
+    StageSpec("images", SETUP, "e2e/build/image.sh builds the head and training images (images/trainer/Dockerfile).",
+              _f("setup", "images"), typical_s=900),
     StageSpec("preflight", SETUP, "The cluster serves KubeRay's ray.io/v1 CRDs knowing every RayJob field the chart "
               "sets; Kueue and a cordonable worker node are recorded for the stages that need them; a killed run's "
-              "leftovers are removed.", None, typical_s=10),
+              "leftovers are removed.", _f("setup", "check_cluster"), typical_s=10),
     StageSpec("storage and inputs", SETUP, "The storage emulator, a Deployment in the cluster, serves the tiny "
               "Gemma 3 and the sample data to the pods (with E2E_BUCKET: the run's own prefix of that bucket, no "
-              "emulator).", None, typical_s=40),
+              "emulator).", _f("setup", "storage_and_inputs"), typical_s=40),
     # ------------------------------------------------------------------------------------------ first
     StageSpec("install", FIRST, "`helm install` with values/e2e.yaml creates the release's RayJob `<r>-r1` and "
               "its run.", _f("first_run", "install"), typical_s=10),
@@ -132,15 +133,15 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("deletion rules", DAY2, "With rayJob.deletion (KubeRay >= 1.6: workers at once, the cluster after 60 s) "
               "the RayJob SUCCEEDS, its worker pods go while the head stays, the head goes no sooner than 60 s after "
               "the job's end, then no RayCluster and no pod is left and the RayJob stays.",
-              _f("kuberay_stages", "deletion_rules"), requires=("KubeRay >= 1.6",), typical_s=240),
+              _f("kuberay", "deletion_rules"), requires=("KubeRay >= 1.6",), typical_s=240),
     StageSpec("capacity fallback", DAY2, "With capacity.type=fallback [reservation, flex-start], `kueue setup` "
               "makes the two flavors in that order; release A is admitted on the reservation flavor, B, with A "
               "holding its quota, on flex-start, each head pod carrying its flavor's GKE node labels, and "
-              "`gemma3-ray status` names B's flavor.", _f("kuberay_stages", "fallback"), requires=("kueue",),
+              "`gemma3-ray status` names B's flavor.", _f("kuberay", "fallback"), requires=("kueue",),
               typical_s=120),
     StageSpec("streaming", DAY2, "A dataset three times a worker pod's ephemeral-storage limit, sharded into the "
               "bucket by `gemma3-ray data shard`, trains with training.streaming to SUCCEEDED, its summary showing "
-              "every row of the epoch trained once.", _f("streaming_stage", "streamed"), typical_s=600),
+              "every row of the epoch trained once.", _f("streaming", "streamed"), typical_s=600),
 )
 
 
@@ -209,14 +210,12 @@ def precondition(spec: StageSpec, record: Record, missing: dict[str, str]) -> st
 def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | None = None,
         table: tuple[StageSpec, ...] = STAGES, clock: Callable[[], float] = time.time) -> None:
     """Run the selected stages of the table in order, each in a row of the record; a StageError stops the run
-    (the rest are 'not run'). Setup rows (fn None) are the entry point's."""
-    missing = getattr(h, "missing", {}) or {}
+    (the rest are 'not run'). The setup rows come first and always run (E2E_DEADLINE leaves them in)."""
     for spec in table:
-        if spec.fn is None:
-            continue
         kw = {"group": spec.group, "claim": spec.claim}
+        missing = getattr(h, "missing", {}) or {}  # read at each row: the preflight row fills it
         why = reasons.get(spec.name, "") or precondition(spec, record, missing)
-        if not why and deadline is not None and clock() + spec.typical_s > deadline:
+        if not why and deadline is not None and spec.group != SETUP and clock() + spec.typical_s > deadline:
             why = f"time: about {spec.typical_s} s needed, {max(0, deadline - clock()):.0f} s left before E2E_DEADLINE"
         if why:
             record.not_run(spec.name, why, **kw)
@@ -230,10 +229,6 @@ def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES, reas
     --only/--skip when it has one, else `why`."""
     for s in table:
         record.not_run(s.name, (reasons or {}).get(s.name) or why, group=s.group, claim=s.claim)
-    specs = by_name(table)
-    for row in record.stages:  # the setup rows come from the entry point: give them their group and claim
-        if row.name in specs and not row.claim:
-            row.group, row.claim = specs[row.name].group, specs[row.name].claim
     settle_notes(record)
 
 

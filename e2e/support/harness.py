@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import Kube, StageError
-from e2e.proc import run_child
-from e2e.stages import Record
-from e2e.storage import RunStorage
+from e2e.support.errors import StageError
+from e2e.support.kube import Kube
+from e2e.support.proc import run_child
+from e2e.support.record import Record
+from e2e.support.storage.run_storage import RunStorage
 from localkit.chart_job import parse_flags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+OUT = Path(os.environ.get("E2E_OUTPUT") or ROOT / "e2e-output")  # summary.json, logs
 CHART = ROOT / "charts" / "gemma3-ray"
 VALUES = ROOT / "values" / "e2e.yaml"
 # under the storage's root (RunStorage.uri): the emulator's bucket, or the run's prefix of E2E_BUCKET
@@ -100,8 +102,17 @@ def set_args(sets: dict[str, str | int | float | bool]) -> list[str]:
 
 
 @dataclass
+class Setup:
+    """What the runner read from the environment and the setup stages hand each other."""
+
+    stack: list = field(default_factory=list)  # what the clean-up undoes: ("cluster", dir), ("storage", RunStorage)
+    storage_image: str = ""  # the emulator's image: E2E_STORAGE_IMAGE, or the one built here
+    bucket: Any = None  # E2E_BUCKET's BucketStorage, checked before anything is made in the cluster
+
+
+@dataclass
 class Harness:
-    kube: Kube
+    kube: Kube  # None until the setup stage "cluster start" knows the cluster
     record: Record
     storage: RunStorage  # the emulator in the cluster, or the run's prefix of E2E_BUCKET
     images: Images
@@ -109,13 +120,14 @@ class Harness:
     installed: list[tuple[str, str]] = field(default_factory=list)  # (namespace, release), for cleanup
     namespaces: list[str] = field(default_factory=list)
     extra_values: list[Path] = field(default_factory=list)  # E2E_VALUES: after values/e2e.yaml, before a stage's
-    session: Any = None  # e2e.session.Session: run id, labels, cluster-scoped clean-up
-    cluster: Any = None  # e2e.preflight.ClusterFacts: what the cluster has (KubeRay, Kueue, a worker node)
+    session: Any = None  # e2e.support.session.Session: run id, labels, cluster-scoped clean-up
+    cluster: Any = None  # e2e.support.preflight.ClusterFacts: what the cluster has (KubeRay, Kueue, a worker node)
     runs: dict[str, Run] = field(default_factory=dict)  # what one stage hands the next: "first", "upgraded", …
     notes: dict[str, str] = field(default_factory=dict)  # release -> its NOTES as helm printed them
     # what the cluster lacks, for stage_table's `requires` (a preflight fills it): "kueue" -> why not
     missing: dict[str, str] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)  # other facts one stage hands the next
+    setup: Setup = field(default_factory=Setup)
 
     # ------------------------------------------------------------------ namespaces and releases
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
@@ -224,10 +236,10 @@ class Harness:
 
 
 def run_script(argv: list[str], log: Path, timeout: float, what: str, env: dict[str, str] | None = None) -> str:
-    """A project script (e2e/cluster.sh, e2e/image.sh): its stdout; on failure its last lines, as a StageError."""
+    """A project script (e2e/cluster/cluster.sh, e2e/build/image.sh): its stdout; on failure its last lines, as a StageError."""
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"$ {shlex.join(argv)}\n")
-    try:  # a signal reaches the script, which finishes its clean-up (e2e/proc.py)
+    try:  # a signal reaches the script, which finishes its clean-up (e2e/support/proc.py)
         proc = run_child(argv, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as e:
         raise StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s") from e

@@ -1,7 +1,7 @@
 """Signals for `make e2e`: ^C, SIGTERM and SIGHUP end the run with its clean-up finished.
 
 The harness turns SIGTERM and SIGHUP into `Interrupted` (a KeyboardInterrupt, as ^C is), and runs each
-project script (e2e/cluster.sh, e2e/image.sh, e2e/registry.sh) in a session of its own, so that the
+project script (e2e/cluster/cluster.sh, e2e/build/image.sh, e2e/cluster/registry.sh) in a session of its own, so that the
 signal reaches the script once, from here, and the script finishes its own clean-up: it is waited for,
 never killed after subprocess.run's 0.25 s. While the clean-up runs, further signals are noted and
 ignored ("a second ^C after the clean-up").

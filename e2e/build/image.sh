@@ -3,19 +3,19 @@
 # images/trainer/Dockerfile (unchanged) built on it with buildah, and the storage emulator
 # (fake-gcs-server, one static binary), each exported as a docker-archive, then imported into a
 # containerd or pushed to an OCI registry. Everything is cached by content, outside the clone.
-#   e2e/image.sh build                       # the images into the cache (root; no cluster needed)
-#   e2e/image.sh import SOCKET|DIR           # into that containerd (namespace k8s.io); each skipped when it holds its id
-#   e2e/image.sh push HOST:PORT VALUES       # into that registry (plain HTTP: e2e/registry.sh); writes the chart
-#                                            # values naming head and workers by digest, prints E2E_STORAGE_IMAGE=...
-#   e2e/image.sh name [base|trainer|storage] # the reference of an import (default trainer; imagePullPolicy Never)
-#   e2e/image.sh path [base|trainer|storage] # the image's docker-archive in the cache (built or not)
-#   e2e/image.sh check                       # exit 0 when every image is in the cache
+#   e2e/build/image.sh build                       # the images into the cache (root; no cluster needed)
+#   e2e/build/image.sh import SOCKET|DIR           # into that containerd (namespace k8s.io); each skipped when it holds its id
+#   e2e/build/image.sh push HOST:PORT VALUES       # into that registry (plain HTTP: e2e/cluster/registry.sh); writes the chart
+#                                                  # values naming head and workers by digest, prints E2E_STORAGE_IMAGE=...
+#   e2e/build/image.sh name [base|trainer|storage] # the reference of an import (default trainer; imagePullPolicy Never)
+#   e2e/build/image.sh path [base|trainer|storage] # the image's docker-archive in the cache (built or not)
+#   e2e/build/image.sh check                       # exit 0 when every image is in the cache
 # The cache keeps the archives of the last two keys of each image (older ones are removed by build).
 # base: Ray only, like rayproject/ray (the head, the submitter); trainer: the Dockerfile on it (workers);
 # storage: fake-gcs-server, the stand-in for Cloud Storage that make e2e runs in the cluster.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}/images
 # The base recipe's inputs (all of them are in the base key, with the text of its functions).
 SUITE=bookworm
@@ -26,7 +26,7 @@ RAY_HOME=/home/ray
 # controller (ray.train refuses to import without its extras), the dashboard/Jobs API (default) and Ray
 # Data (the streaming path reads its shards with it, #32).
 RAY_EXTRAS=default,train,data
-# The Debian mirrors: this machine's apt sources (e2e/host_config.py), unless these say otherwise.
+# The Debian mirrors: this machine's apt sources (e2e/build/host_config.py), unless these say otherwise.
 MIRROR=${GEMMA3_RAY_DEBIAN_MIRROR:-}
 SECURITY_MIRROR=${GEMMA3_RAY_DEBIAN_SECURITY_MIRROR:-}
 # The trainer image's inputs: the Dockerfile and exactly the files it copies.
@@ -38,7 +38,7 @@ STORAGE_DRIVER=${GEMMA3_RAY_STORAGE_DRIVER:-overlay}
 
 say() { printf '[image] %s\n' "$*" >&2; }
 # Exit 3: the sentence is said; the exit trap adds nothing (also from a subshell of a step).
-die() { printf 'e2e/image.sh: %s\n' "$*" >&2; exit 3; }
+die() { printf 'e2e/build/image.sh: %s\n' "$*" >&2; exit 3; }
 
 # The ray version of trainer/requirements.txt (`ray[extras]==X`): the one source of truth.
 ray_pin() {
@@ -130,12 +130,12 @@ bah() {
 host_mirrors() {
   local m
   [[ -n $MIRROR && -n $SECURITY_MIRROR ]] && return 0
-  m=$(python3 "$ROOT/e2e/host_config.py" debian "$SUITE") || die "no Debian mirror to build the base from (the line above says why)"
+  m=$(python3 "$ROOT/e2e/build/host_config.py" debian "$SUITE") || die "no Debian mirror to build the base from (the line above says why)"
   MIRROR=${MIRROR:-$(sed -n 1p <<<"$m")} SECURITY_MIRROR=${SECURITY_MIRROR:-$(sed -n 2p <<<"$m")}
   say "Debian mirrors (the host's apt sources): $MIRROR, $SECURITY_MIRROR"
 }
 host_pip_index() {
-  local lines; lines=$(python3 "$ROOT/e2e/host_config.py" pip)
+  local lines; lines=$(python3 "$ROOT/e2e/build/host_config.py" pip)
   [[ -n $lines ]] || { say "pip: the host's pip configuration names no index: pip's default"; return 0; }
   printf '%s\n' "$lines" >>"$MNT/etc/pip.conf"
   say "pip: the host's index settings into the image's /etc/pip.conf: $(tr '\n' ' ' <<<"$lines")"
@@ -160,9 +160,9 @@ cleanup() {
   [[ -n $LOCKED ]] && remove_containers
   [[ -n $TMP ]] && rm -rf "$TMP"
   if ((rc == 129 || rc == 130 || rc == 143)); then
-    printf 'e2e/image.sh: interrupted%s; cleaned up, nothing of it was cached.\n' "${STEP:+ during $STEP}" >&2
+    printf 'e2e/build/image.sh: interrupted%s; cleaned up, nothing of it was cached.\n' "${STEP:+ during $STEP}" >&2
   elif ((rc != 0 && rc != 3)) && [[ -n $STEP ]]; then
-    printf 'e2e/image.sh: %s failed (exit %d); the output above says why; nothing of it was cached.\n' "$STEP" "$rc" >&2
+    printf 'e2e/build/image.sh: %s failed (exit %d); the output above says why; nothing of it was cached.\n' "$STEP" "$rc" >&2
   fi
   exit "$rc"
 }
@@ -188,7 +188,7 @@ remove_containers() {
 lock() {
   mkdir -p "$CACHE"
   exec 9>"$CACHE/.lock"
-  flock -n 9 || { say "waiting for another e2e/image.sh on $CACHE"; flock 9; }
+  flock -n 9 || { say "waiting for another e2e/build/image.sh on $CACHE"; flock 9; }
   LOCKED=1
   remove_containers
 }
@@ -316,11 +316,11 @@ build_storage() {
 
 # ---------------------------------------------------------------- registry
 # push_one REGISTRY IMAGE: the archive to REGISTRY/<name>:<key> (skipped when the registry holds that tag
-# with the archive's image id); prints the manifest digest. Plain HTTP: the registry of e2e/registry.sh.
+# with the archive's image id); prints the manifest digest. Plain HTTP: the registry of e2e/cluster/registry.sh.
 push_one() {
   local reg=$1 name ref out want dest have
   ref=$(ref "$2"); out=$(archive "$2"); name=${ref#docker.io/local/}
-  cached "$out" || die "the $2 image $ref is not built: run e2e/image.sh build first"
+  cached "$out" || die "the $2 image $ref is not built: run e2e/build/image.sh build first"
   want=$(cat "$out.id"); dest="docker://$reg/$name"
   have=$(skopeo inspect --tls-verify=false --config --raw "$dest" 2>/dev/null | sha256sum | cut -d' ' -f1)
   if [[ sha256:$have == "$want" ]]; then
@@ -337,12 +337,12 @@ push_one() {
 
 push_images() {
   local reg=${1:-} values=${2:-} b t s
-  [[ -n $reg && -n $values ]] || die "usage: e2e/image.sh push HOST:PORT VALUES.yaml (the registry of e2e/registry.sh start)"
+  [[ -n $reg && -n $values ]] || die "usage: e2e/build/image.sh push HOST:PORT VALUES.yaml (the registry of e2e/cluster/registry.sh start)"
   command -v skopeo >/dev/null || die "skopeo is not installed: apt-get install -y skopeo"
-  curl -fsS --max-time 10 -o /dev/null "http://$reg/v2/" || die "no registry answers at http://$reg/v2/: start one (e2e/registry.sh start DIR)"
+  curl -fsS --max-time 10 -o /dev/null "http://$reg/v2/" || die "no registry answers at http://$reg/v2/: start one (e2e/cluster/registry.sh start DIR)"
   b=$(push_one "$reg" base); t=$(push_one "$reg" trainer); s=$(push_one "$reg" storage)
   cat >"$values" <<EOF
-# e2e/image.sh push $reg: this build's images in that registry, pinned by digest (the tag is their content key).
+# e2e/build/image.sh push $reg: this build's images in that registry, pinned by digest (the tag is their content key).
 image:
   registry: "$reg"
   pullPolicy: IfNotPresent
@@ -364,11 +364,11 @@ EOF
 # ---------------------------------------------------------------- containerd
 containerd_socket() {
   local where=${1:-${GEMMA3_RAY_CONTAINERD:-}} s
-  [[ -n $where ]] || die "import needs the cluster's containerd: e2e/image.sh import SOCKET|DIR (or GEMMA3_RAY_CONTAINERD)"
+  [[ -n $where ]] || die "import needs the cluster's containerd: e2e/build/image.sh import SOCKET|DIR (or GEMMA3_RAY_CONTAINERD)"
   for s in "$where" "$where/containerd.sock" "$where/containerd/containerd.sock"; do
     [[ -S $s ]] && { echo "$s"; return; }
   done
-  die "no containerd socket at $where (nor $where/containerd.sock, $where/containerd/containerd.sock): start the cluster first (e2e/cluster.sh start DIR)"
+  die "no containerd socket at $where (nor $where/containerd.sock, $where/containerd/containerd.sock): start the cluster first (e2e/cluster/cluster.sh start DIR)"
 }
 
 # The image id (config digest) containerd holds under REF, empty when none.
@@ -383,7 +383,7 @@ containerd_image_id() {
 import_one() {
   local sock=$1 ref out want have
   ref=$(ref "$2"); out=$(archive "$2")
-  cached "$out" || die "the $2 image $ref is not built: run e2e/image.sh build first"
+  cached "$out" || die "the $2 image $ref is not built: run e2e/build/image.sh build first"
   want=$(cat "$out.id")
   have=$(containerd_image_id "$sock" "$ref")
   if [[ $have == "$want" ]]; then
@@ -420,7 +420,7 @@ case ${1:-} in
     import_images "${2:-}"
     ;;
   name) r=$(ref "${2:-trainer}") && echo "${r#docker.io/}" ;;
-  check) for i in storage base trainer; do cached "$(archive "$i")" || { echo "the $i image is not built (e2e/image.sh build)"; exit 1; }; done ;;
+  check) for i in storage base trainer; do cached "$(archive "$i")" || { echo "the $i image is not built (e2e/build/image.sh build)"; exit 1; }; done ;;
   path) archive "${2:-trainer}" ;;
-  *) die "usage: e2e/image.sh build | import SOCKET|DIR | push HOST:PORT VALUES | name [base|trainer|storage] | path [base|trainer|storage] | check" ;;
+  *) die "usage: e2e/build/image.sh build | import SOCKET|DIR | push HOST:PORT VALUES | name [base|trainer|storage] | path [base|trainer|storage] | check" ;;
 esac

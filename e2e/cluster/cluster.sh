@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # A local one-node Kubernetes of real parts, for `make e2e` (root, Linux; see e2e/README.md).
 #
-#   e2e/cluster.sh start DIR    etcd, kube-apiserver, controller-manager, scheduler, kubelet on
+#   e2e/cluster/cluster.sh start DIR    etcd, kube-apiserver, controller-manager, scheduler, kubelet on
 #                               containerd/runc with a bridge CNI, kube-proxy (iptables), CoreDNS, the
 #                               KubeRay operator and Kueue; last line: KUBECONFIG=DIR/kubeconfig
-#   e2e/cluster.sh stop DIR     stop all by PID file, put back what the start changed on the host
-#   e2e/cluster.sh status DIR   each part, the containerd socket (DIR/containerd.sock), the node
-#   e2e/cluster.sh leftovers DIR  remove what a cluster killed hard (or a reboot) left, naming it (start does this too)
+#   e2e/cluster/cluster.sh stop DIR     stop all by PID file, put back what the start changed on the host
+#   e2e/cluster/cluster.sh status DIR   each part, the containerd socket (DIR/containerd.sock), the node
+#   e2e/cluster/cluster.sh leftovers DIR  remove what a cluster killed hard (or a reboot) left, naming it (start does this too)
 #
-# Parts come from e2e/parts.sh (built once, cached by version). DIR holds certificates, configs, logs
+# Parts come from e2e/build/parts.sh (built once, cached by version). DIR holds certificates, configs, logs
 # (DIR/logs/PART.log) and PID files (DIR/run/PART.pid); every start begins a fresh cluster (new etcd,
 # new kubelet root); containerd's image store is kept in the cache across starts.
 set -uo pipefail
@@ -30,14 +30,14 @@ NODE_PORTS="10250 10248 10257 10259 10249 10256"
 PARTS="etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns kuberay-operator kueue"
 T0=$SECONDS
 
-. "$HERE/cluster/lib.sh"
-. "$HERE/cluster/host.sh"
-. "$HERE/cluster/pki.sh"
-. "$HERE/cluster/config.sh"
-. "$HERE/cluster/images.sh"
-. "$HERE/cluster/operators.sh"
+. "$HERE/lib.sh"
+. "$HERE/host.sh"
+. "$HERE/pki.sh"
+. "$HERE/config.sh"
+. "$HERE/images.sh"
+. "$HERE/operators.sh"
 
-part_bin() { "$HERE/parts.sh" path "$1"; }
+part_bin() { "$HERE/../build/parts.sh" path "$1"; }
 KUBE_BIN=$(part_bin kube) COREDNS_BIN=$(part_bin coredns) KUBERAY_BIN=$(part_bin kuberay) KUEUE_BIN=$(part_bin kueue)
 KUBECTL=${KUBECTL:-$(command -v kubectl || echo "$KUBE_BIN/kubectl")}
 
@@ -63,9 +63,9 @@ preflight() {
   python3 -c 'import yaml' 2>/dev/null || missing="$missing python3-yaml"
   [ -z "$missing" ] || { echo "cluster: missing on this host:$missing (Debian: apt-get install -y containerd runc containernetworking-plugins etcd-server iptables iproute2 python3-yaml curl)" >&2; exit 1; }
   for p in kube coredns kuberay kueue; do
-    [ -f "$(part_bin "$p")/.built" ] || { echo "cluster: the $p part is not built: run e2e/parts.sh build $p (once per version; kube takes about an hour on 2 cores)" >&2; exit 1; }
+    [ -f "$(part_bin "$p")/.built" ] || { echo "cluster: the $p part is not built: run e2e/build/parts.sh build $p (once per version; kube takes about an hour on 2 cores)" >&2; exit 1; }
   done
-  host_is_ours || { echo "cluster: another local cluster is running from $(owner): stop it first (e2e/cluster.sh stop $(owner))" >&2; exit 1; }
+  host_is_ours || { echo "cluster: another local cluster is running from $(owner): stop it first (e2e/cluster/cluster.sh stop $(owner))" >&2; exit 1; }
   earlier_leftovers
   if ip link show cni0 >/dev/null 2>&1 && [ ! -f "$DIR/host/recorded" ]; then
     echo "cluster: a cni0 bridge exists that this script did not make (another Kubernetes on this host?): remove it or stop that cluster" >&2; exit 1
@@ -95,7 +95,7 @@ earlier_leftovers() {
   if [ -n "$o" ] && [ "$o" != "$DIR" ] && [ -f "$o/host/recorded" ]; then
     found=$(DIR=$o leftovers 1 | tr '\n' ';' | sed 's/;$//; s/;/, /g')
     echo "cluster: an earlier cluster from $o was killed or the machine rebooted; removing what it left: ${found:-its records}" >&2
-    ( DIR=$o; stop_all >/dev/null 2>&1 ) || { echo "cluster: could not remove all of it: run e2e/cluster.sh stop $o" >&2; exit 1; }
+    ( DIR=$o; stop_all >/dev/null 2>&1 ) || { echo "cluster: could not remove all of it: run e2e/cluster/cluster.sh stop $o" >&2; exit 1; }
     return 0
   fi
   [ -n "$o" ] && [ "$o" != "$DIR" ] && rm -f "$CACHE/cluster.owner"
@@ -279,7 +279,7 @@ status() {
 
 # one start/stop at a time on this host
 mkdir -p "$CACHE"; exec 9>"$CACHE/cluster.lock"
-if [ "$cmd" != status ] && ! flock -n 9; then echo "cluster: another e2e/cluster.sh start or stop is running on this host" >&2; exit 1; fi
+if [ "$cmd" != status ] && ! flock -n 9; then echo "cluster: another e2e/cluster/cluster.sh start or stop is running on this host" >&2; exit 1; fi
 case $cmd in
   start) start ;;
   stop) trap '' INT TERM HUP   # the clean-up runs to its end

@@ -14,7 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from e2e.kube import Kube, StageError
+from e2e.support.errors import StageError
+from e2e.support.kube import Kube
 
 CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 KUEUE_API = "v1beta2"  # what `gemma3-ray kueue setup` writes (plugin/gemma3_ray/kueue/objects.py)

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e.harness import VALUES, Harness, Run
-from e2e.kube import Kube, StageError, ended
+from e2e.support.errors import StageError
+from e2e.support.harness import VALUES, Harness, Run
+from e2e.support.kube import Kube, ended
 
 KUBERAY_16 = "KubeRay >= 1.6"  # what the deletion-rule stage requires (stage_table `requires`)
 DELETION_NS = "g3r-deletion"
@@ -140,7 +141,7 @@ def _head_selector(h: Harness, run: Run) -> dict[str, str]:
 def fallback(h: Harness) -> str:
     """capacity.type=fallback [reservation, flex-start] with quota for one job per flavor: release A is admitted on
     the reservation flavor; with its quota taken, release B is admitted on flex-start; `gemma3-ray status` says so."""
-    from e2e.shared_cluster import _kueue_setup
+    from e2e.stages.shared_cluster import _kueue_setup
 
     node = _node(h)
     h.kube.k("label", "--overwrite", "node", node, *[f"{k}={v}" for k, v in NODE_LABELS.items()])

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A real OCI registry on this host (distribution's `registry`, built by e2e/parts.sh from its Go module),
-# for `make e2e` on a cluster used only through KUBECONFIG: e2e/image.sh push puts the images there and
-# the cluster's nodes pull them (plain HTTP on 127.0.0.1: nodes on this host; e2e/cluster.sh start with
+# A real OCI registry on this host (distribution's `registry`, built by e2e/build/parts.sh from its Go module),
+# for `make e2e` on a cluster used only through KUBECONFIG: e2e/build/image.sh push puts the images there and
+# the cluster's nodes pull them (plain HTTP on 127.0.0.1: nodes on this host; e2e/cluster/cluster.sh start with
 # E2E_REGISTRY=HOST:PORT configures its containerd for it).
 #
-#   e2e/registry.sh start DIR    last line: E2E_REGISTRY=127.0.0.1:PORT (a free port; blobs kept in the cache)
-#   e2e/registry.sh stop DIR     stops it by its PID file; the blobs stay for the next start
-#   e2e/registry.sh status DIR
+#   e2e/cluster/registry.sh start DIR    last line: E2E_REGISTRY=127.0.0.1:PORT (a free port; blobs kept in the cache)
+#   e2e/cluster/registry.sh stop DIR     stops it by its PID file; the blobs stay for the next start
+#   e2e/cluster/registry.sh status DIR
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 cmd=${1:-}; DIR=${2:-}
@@ -15,7 +15,7 @@ case $cmd in start|stop|status) ;; *) echo "usage: $0 start|stop|status DIR" >&2
 mkdir -p "$DIR" && DIR=$(cd "$DIR" && pwd) || { echo "registry: cannot use $DIR" >&2; exit 2; }
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
 STORE=$CACHE/registry   # the registry's blobs: a pushed image is pushed once per content
-BIN=$("$HERE/parts.sh" path registry)/registry
+BIN=$("$HERE/../build/parts.sh" path registry)/registry
 T0=$SECONDS
 log() { printf '[registry %3ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 
@@ -41,7 +41,7 @@ stop() {
 }
 
 start() {
-  [ -x "$BIN" ] || { echo "registry: the registry part is not built: run e2e/parts.sh build registry" >&2; exit 1; }
+  [ -x "$BIN" ] || { echo "registry: the registry part is not built: run e2e/build/parts.sh build registry" >&2; exit 1; }
   if alive; then echo "E2E_REGISTRY=$(addr)"; return 0; fi
   trap 'stop; exit 130' INT TERM HUP
   local port; port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

@@ -1,5 +1,5 @@
 """Day two on the real cluster: upgrade, rollback, an upgrade rolled back at once, uninstall, a lost worker and
-head, elastic. Each stage is one function of the Harness returning what it saw; e2e/stage_table.py orders them."""
+head, elastic. Each stage is one function of the Harness returning what it saw; e2e/runner/table.py orders them."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import shlex
 import time
 from typing import Any
 
-from e2e.first_run import NAMESPACE, RELEASE, as_printed, notes_line
-from e2e.harness import Harness, Run
-from e2e.kube import StageError, ended
-from e2e.notes_check import QUICK_ROLLBACK_STAGE
+from e2e.stages.first_run import NAMESPACE, RELEASE, as_printed, notes_line
+from e2e.support.errors import StageError
+from e2e.support.harness import Harness, Run
+from e2e.support.kube import ended
+from e2e.support.notes_check import QUICK_ROLLBACK_STAGE
 
 UNINSTALL_LIMIT_S = 120
 QUICK_LR = "0.003"  # the upgrade that the stage 'upgrade + rollback at once' rolls back

@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from e2e.harness import ROOT, Harness, Run
-from e2e.kube import StageError, ended
-from e2e.session import run_name
+from e2e.support.errors import StageError
+from e2e.support.harness import ROOT, Harness, Run
+from e2e.support.kube import ended
+from e2e.support.session import run_name
 
-TEAM_A, TEAM_B = run_name("g3r-team-a"), run_name("g3r-team-b")  # unique per run (e2e/session.py)
+TEAM_A, TEAM_B = run_name("g3r-team-a"), run_name("g3r-team-b")  # unique per run (e2e/support/session.py)
 SHARED = ROOT / "values" / "shared-cluster.yaml"
 # What values/shared-cluster.yaml names that a one-node CPU cluster has not: GKE flex-start nodes and a
 # Google service account. Everything else of the file applies as written.
@@ -28,7 +29,7 @@ def _overlay(h: Harness) -> Path:
 
 def _kueue_setup(h: Harness, ns: str, values: list[Path], apply: bool = True, check: bool = True):
     """`gemma3-ray kueue setup` (the cluster-scoped objects it makes are found and deleted at the end of the run by
-    e2e.session: new since the run began, used by no other namespace)."""
+    e2e.support.session: new since the run began, used by no other namespace)."""
     argv = ["gemma3-ray", "kueue", "setup", "-n", ns, "--jobs", "1"]
     for v in values:
         argv += ["-f", str(v)]
@@ -85,7 +86,7 @@ def kueue_setup(h: Harness) -> str:
     for name, value in PRIORITY_CLASSES.items():
         if h.kube.get("priorityclass", name, "default") is None:
             h.kube.k("create", "priorityclass", name, f"--value={value}",
-                     "--description=e2e: named by shared-cluster.yaml")  # the run's: e2e.session deletes it
+                     "--description=e2e: named by shared-cluster.yaml")  # the run's: e2e.support.session deletes it
     h.namespace(TEAM_A, {"pod-security.kubernetes.io/enforce": "restricted",
                          "pod-security.kubernetes.io/enforce-version": "latest"})
     _kueue_setup(h, TEAM_A, _values(h))

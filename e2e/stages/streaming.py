@@ -13,8 +13,8 @@ import io
 import json
 from pathlib import Path
 
-from e2e.harness import Harness
-from e2e.kube import StageError
+from e2e.support.errors import StageError
+from e2e.support.harness import Harness
 
 NAMESPACE = "g3r-e2e-stream"
 RELEASE = "e2e-stream"

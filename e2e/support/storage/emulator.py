@@ -15,11 +15,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import Kube, StageError, stop_command
-from e2e.storage import RunStorage, _split
+from e2e.support.errors import StageError
+from e2e.support.kube import Kube, stop_command
+from e2e.support.storage.run_storage import RunStorage, _split
 
 NAME = "fake-gcs"
-BINARY = "/bin/fake-gcs-server"  # where e2e/image.sh and fake-gcs-server's own image put it
+BINARY = "/bin/fake-gcs-server"  # where e2e/build/image.sh and fake-gcs-server's own image put it
 PORT = 4443
 START_TIMEOUT_S = 180
 # fake-gcs-server keeps each resumable upload in memory until its last chunk (a Go slice that doubles as it grows):
@@ -39,7 +40,7 @@ def manifest(namespace: str, image: str, pull_policy: str, labels: dict[str, str
     url = f"http://{NAME}.{namespace}.svc:{PORT}"
     container = {
         "name": NAME, "image": image, "imagePullPolicy": pull_policy,
-        # `command`, not only `args`: Kubernetes' args replace the image's Cmd, and e2e/image.sh's image has its
+        # `command`, not only `args`: Kubernetes' args replace the image's Cmd, and e2e/build/image.sh's image has its
         # binary as Cmd (no Entrypoint), so args alone ran "-scheme" (seen: CrashLoopBackOff, make e2e on main).
         # fake-gcs-server's own image keeps the same binary at the same path.
         "command": [BINARY],
@@ -75,7 +76,7 @@ def restarts_sentence(pods: list[dict[str, Any]], namespace: str) -> str:
             if n:
                 last = (cs.get("lastState") or {}).get("terminated") or {}
                 why = f"{last.get('reason') or 'exit'} (exit {last.get('exitCode', '?')})" if last else "unknown"
-                hint = (f"; its memory limit is {MEMORY_LIMIT} (e2e/storage_emulator.py MEMORY_LIMIT)"
+                hint = (f"; its memory limit is {MEMORY_LIMIT} (e2e/support/storage/emulator.py MEMORY_LIMIT)"
                         if last.get("reason") == "OOMKilled" else "")
                 return (f"the storage emulator {namespace}/{pod['metadata']['name']} restarted {n} time(s), last "
                         f"ended {why}{hint}: a restart loses the uploads in progress, so the trainer's upload of "

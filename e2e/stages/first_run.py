@@ -18,12 +18,13 @@ import time
 import urllib.request
 from typing import Any
 
-from e2e import notes_check as nc
-from e2e.harness import CHART, Harness, Run
-from e2e.kube import StageError, stop_command
-from e2e.session import run_name
+from e2e.support import notes_check as nc
+from e2e.support.errors import StageError
+from e2e.support.harness import CHART, Harness, Run
+from e2e.support.kube import stop_command
+from e2e.support.session import run_name
 
-NAMESPACE = run_name("g3r-e2e")  # unique per run (e2e/session.py)
+NAMESPACE = run_name("g3r-e2e")  # unique per run (e2e/support/session.py)
 RELEASE = "e2e"
 FINALIZER_RELEASE = "e2e-fin"
 KEEP_ALIVE_S = 1800  # the first release's cluster outlives its job by this much (uninstall ends it sooner)

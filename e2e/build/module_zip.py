@@ -1,7 +1,7 @@
 """A Go module's zip, info and mod files from its source folder, laid out as a `file://` GOPROXY serves them.
 
 For a module version the Go module proxy here refuses whole (ray-operator v1.7.0: its zip answers 403, its .mod
-and the checksum database's line are served), e2e/parts.sh builds the part from the version's git tag instead:
+and the checksum database's line are served), e2e/build/parts.sh builds the part from the version's git tag instead:
 this writes the zip the proxy would serve, and the go command itself then checks it against the checksum
 database (GOSUMDB) when `go get` downloads it: a source that differs from the tag by one byte is refused
 ("SECURITY ERROR ... checksum mismatch"), so the operator built is the released one.
@@ -9,9 +9,9 @@ database (GOSUMDB) when `go get` downloads it: a source that differs from the ta
 The file set follows the go command's rules for module zips (golang.org/x/mod/zip): regular files only, no
 version-control folders, no vendor folders, nothing below a folder that holds its own go.mod (another module).
 The repository root's LICENSE, which the go command adds to a module below the root without one, is the
-caller's to copy in (e2e/parts.sh does). Standard library only: parts.sh runs it with the machine's python3.
+caller's to copy in (e2e/build/parts.sh does). Standard library only: parts.sh runs it with the machine's python3.
 
-    python3 e2e/module_zip.py SRC MODULE VERSION PROXY_DIR
+    python3 e2e/build/module_zip.py SRC MODULE VERSION PROXY_DIR
 """
 
 from __future__ import annotations
@@ -67,5 +67,5 @@ def write(src: Path, module: str, version: str, proxy: Path) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 5:
-        raise SystemExit("usage: python3 e2e/module_zip.py SRC MODULE VERSION PROXY_DIR")
+        raise SystemExit("usage: python3 e2e/build/module_zip.py SRC MODULE VERSION PROXY_DIR")
     print(write(Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])))

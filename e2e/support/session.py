@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from e2e.kube import Kube
+from e2e.support.kube import Kube
 
 RUN_LABEL = "gemma3-ray.dev/e2e-run"
 HOST_LABEL = "gemma3-ray.dev/e2e-host"
 KUEUE_OWNER = "app.kubernetes.io/managed-by=gemma3-ray-kueue-setup"
-# the description e2e/shared_cluster.py gives the PriorityClasses it creates (how a killed run's are known)
+# the description e2e/stages/shared_cluster.py gives the PriorityClasses it creates (how a killed run's are known)
 PRIORITY_CLASS_MARK = "e2e:"
 # one id per process: the stage modules name their namespaces with it at import (run_name)
 RUN_ID = os.environ.get("E2E_RUN_ID") or secrets.token_hex(3)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.support.errors import StageError
+
 # RayJob states (KubeRay v1.5 `status.jobStatus`, `status.jobDeploymentStatus`): KubeRay's own terminal
 # deployment states (IsJobDeploymentTerminal) and ValidationFailed, after which it never reconciles again.
 JOB_DONE = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -39,10 +41,6 @@ def stop_command(proc: subprocess.Popen) -> int | None:
         proc.kill()
         proc.wait()
     return None
-
-
-class StageError(RuntimeError):
-    """A stage failed: the message names the object and carries the cluster's own words."""
 
 
 @dataclass

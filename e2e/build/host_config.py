@@ -1,10 +1,10 @@
 """Where this machine gets its packages: Debian mirrors from apt's sources, pip's index from pip's configuration.
 
 The e2e images are built from the same places the host's own `apt-get` and `pip` use, so a machine
-behind a mirror builds them without an address written in the code. Used by e2e/image.sh:
+behind a mirror builds them without an address written in the code. Used by e2e/build/image.sh:
 
-    python3 e2e/host_config.py debian SUITE   # two lines: the mirror of SUITE, the mirror of SUITE-security
-    python3 e2e/host_config.py pip            # pip.conf [global] lines: index-url, extra-index-url, trusted-host
+    python3 e2e/build/host_config.py debian SUITE   # two lines: the mirror of SUITE, the mirror of SUITE-security
+    python3 e2e/build/host_config.py pip            # pip.conf [global] lines: index-url, extra-index-url, trusted-host
 
 A missing source is one sentence on stderr naming the file to look at and the variable that sets it, exit 1.
 """
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> int:
         try:
             print("\n".join(debian_mirrors(argv[1])))
         except LookupError as e:
-            print(f"e2e/host_config.py: {e}", file=sys.stderr)
+            print(f"e2e/build/host_config.py: {e}", file=sys.stderr)
             return 1
         return 0
     if argv == ["pip"]:

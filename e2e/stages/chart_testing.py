@@ -6,8 +6,8 @@ import shlex
 import shutil
 import subprocess
 
-from e2e.harness import CHART, ROOT, Harness
-from e2e.kube import StageError
+from e2e.support.errors import StageError
+from e2e.support.harness import CHART, ROOT, Harness
 
 # The ci/ values files a one-node CPU cluster can run (the others ask for GPU nodes, GKE node pools,
 # reservations or a newer KubeRay). ct installs every ci/*-values.yaml of the chart it is given, so
@@ -16,10 +16,10 @@ CPU_NODE_VALUES = ["cpu-node-values.yaml"]
 
 
 def ct_binary() -> str:
-    """ct on PATH (a user's machine), else the part e2e/parts.sh built."""
+    """ct on PATH (a user's machine), else the part e2e/build/parts.sh built."""
     if shutil.which("ct"):
         return shutil.which("ct")
-    out = subprocess.run([str(ROOT / "e2e" / "parts.sh"), "path", "ct"], capture_output=True, text=True, check=True)
+    out = subprocess.run([str(ROOT / "e2e" / "build" / "parts.sh"), "path", "ct"], capture_output=True, text=True, check=True)
     return f"{out.stdout.strip()}/ct"
 
 

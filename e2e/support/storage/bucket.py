@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from e2e.kube import StageError
-from e2e.storage import RunStorage, _split
+from e2e.support.errors import StageError
+from e2e.support.storage.run_storage import RunStorage, _split
 
 BUCKET_ENV = "E2E_BUCKET"
 GSA_ANNOTATION = "iam.gke.io/gcp-service-account"  # what the chart's serviceaccount.yaml sets for Workload Identity

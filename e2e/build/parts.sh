@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real cluster's parts from their Go modules, pinned, into a cache outside the clone,
 # keyed by version: a second run (and CI on the same machine) finds them and builds nothing.
-#   e2e/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct, registry (default: all)
-#   e2e/parts.sh path PART         # the folder holding PART's binaries (built or not)
-#   e2e/parts.sh check             # exit 0 when every part is built
-#   e2e/parts.sh go-check [PART]   # the installed Go is new enough for each part's go.mod (one sentence if not)
+#   e2e/build/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct, registry (default: all)
+#   e2e/build/parts.sh path PART         # the folder holding PART's binaries (built or not)
+#   e2e/build/parts.sh check             # exit 0 when every part is built
+#   e2e/build/parts.sh go-check [PART]   # the installed Go is new enough for each part's go.mod (one sentence if not)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
@@ -18,13 +18,13 @@ COREDNS_VERSION=v1.12.4
 # newest the module proxy here serves whole); each version is its own part in the cache, built from the
 # ray-operator module of that version. A version whose zip the proxy refuses (v1.7.0: 403 on 2026-12-02 and -03,
 # its .mod served) is built from its git tag with E2E_KUBERAY_GIT=<a clone of github.com/ray-project/kuberay>:
-# the tag's ray-operator folder becomes the module zip (e2e/module_zip.py) in a file:// proxy put before the
+# the tag's ray-operator folder becomes the module zip (e2e/build/module_zip.py) in a file:// proxy put before the
 # machine's, and the go command checks that zip against the checksum database like any download.
 KUBERAY_DEFAULT=v1.5.0
 KUBERAY_VERSION=${E2E_KUBERAY:-$KUBERAY_DEFAULT}
 KUEUE_VERSION=v0.17.0
 CT_VERSION=v3.14.0
-# The OCI registry (distribution's `registry`) the any-cluster proof pulls the images from (e2e/registry.sh).
+# The OCI registry (distribution's `registry`) the any-cluster proof pulls the images from (e2e/cluster/registry.sh).
 REGISTRY_VERSION=v3.1.2
 
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
@@ -147,7 +147,7 @@ build_kuberay() {
   # its CRDs, from the same module version
   local src; src=$(go list -m -f '{{.Dir}}' github.com/ray-project/kuberay/ray-operator)
   mkdir -p "$out/bin.tmp/crds"; cp "$src"/config/crd/bases/*.yaml "$out/bin.tmp/crds/"
-  # its ClusterRole, which e2e/cluster.sh binds to the operator's own user (out-of-cluster run)
+  # its ClusterRole, which e2e/cluster/cluster.sh binds to the operator's own user (out-of-cluster run)
   mkdir -p "$out/bin.tmp/rbac"; cp "$src"/config/rbac/role.yaml "$out/bin.tmp/rbac/"
 }
 
@@ -158,7 +158,7 @@ build_kueue() {
     -o "$out/bin.tmp/kueue" sigs.k8s.io/kueue/cmd/kueue
   local src; src=$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
   mkdir -p "$out/bin.tmp/crds"; cp "$src"/config/components/crd/bases/*.yaml "$out/bin.tmp/crds/"
-  # what e2e/cluster.sh needs to serve Kueue from the host: its ClusterRole, its webhook
+  # what e2e/cluster/cluster.sh needs to serve Kueue from the host: its ClusterRole, its webhook
   # configurations and the CRDs its kustomization gives a conversion webhook (patches enabled there)
   mkdir -p "$out/bin.tmp/rbac" "$out/bin.tmp/webhook" "$out/bin.tmp/crd-conversion"
   cp "$src"/config/components/rbac/role.yaml "$out/bin.tmp/rbac/"
@@ -224,7 +224,7 @@ case $cmd in
   path) echo "$(part_dir "$1")/bin" ;;
   goflags) echo "$GOFLAGS" ;;   # what the builds run with: the machine's GOFLAGS plus -mod=mod
   go-check) for p in "${@:-${PARTS[@]}}"; do go_ok "$p" || exit 1; done; echo "[parts] $(go env GOVERSION) builds every part" ;;
-  check-part) [ -f "$(part_dir "${1:?check-part PART}")/bin/.built" ] || { echo "$1 is not built (e2e/parts.sh build $1)"; exit 1; } ;;
-  check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/parts.sh build $p)"; exit 1; }; done ;;
+  check-part) [ -f "$(part_dir "${1:?check-part PART}")/bin/.built" ] || { echo "$1 is not built (e2e/build/parts.sh build $1)"; exit 1; } ;;
+  check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/build/parts.sh build $p)"; exit 1; }; done ;;
   *) echo "usage: $0 build [PART...] | path PART | check | check-part PART | go-check [PART...] | goflags" >&2; exit 2 ;;
 esac

@@ -1,12 +1,13 @@
 """The stage record of `make e2e`: each stage's time and result, the table it prints, the JSON it writes.
 
-Every stage of e2e/stage_table.py gets a row: `pass`, `fail`, or `not run` with the reason (skipped,
+Every stage of e2e/runner/table.py gets a row: `pass`, `fail`, or `not run` with the reason (skipped,
 not selected, precondition unmet, time, stopped after a failure, interrupted). A run passes only when
 no row failed and at least one passed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import traceback
@@ -16,9 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import StageError
+from e2e.support.errors import NotRun, StageError
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
+
+
+def say(msg: str) -> None:
+    with contextlib.suppress(OSError):  # the terminal went away (SIGHUP): the log and summary.json still say it
+        print(msg, flush=True)
 
 
 @dataclass
@@ -51,15 +57,20 @@ class Record:
 
     @contextmanager
     def stage(self, name: str, detail: str = "", *, group: str = "", claim: str = "") -> Iterator[Stage]:
-        """Time a stage; StageError marks it failed (and stops the run), anything else too, with its type."""
+        """Time a stage; StageError marks it failed (and stops the run), anything else too, with its type; NotRun
+        gives it a row "not run" with the reason."""
         if self.row(name) is not None:
             raise StageError(f"stage {name!r} ran twice in one run (a defect of the e2e harness)")
         st = Stage(name, detail=detail, group=group, claim=claim)
         self.stages.append(st)
         self.say(f"[e2e] {name} …")
-        t0 = time.monotonic()
+        t0, skipped = time.monotonic(), False
         try:
             yield st
+        except NotRun as e:  # the stage does not apply here: its row says why, and the run goes on
+            skipped, st.result, st.detail = True, NOT_RUN, str(e)
+            self.say(f"[e2e] {name}: not run - {e}")
+            return
         except StageError as e:
             st.result, st.detail = FAIL, str(e)
             raise
@@ -73,7 +84,7 @@ class Record:
                 f.write(traceback.format_exc())
             raise StageError(f"{name}: {st.detail}") from e
         finally:
-            st.seconds = round(time.monotonic() - t0, 1)
+            st.seconds = 0.0 if skipped else round(time.monotonic() - t0, 1)
         st.result = PASS
         self.say(f"[e2e] {name}: pass ({st.seconds:.0f} s){' - ' + st.detail if st.detail else ''}")
 

@@ -1,0 +1,77 @@
+"""The end of every `make e2e`, on every exit path: the run's releases, namespaces, cluster-scoped objects and
+storage removed (unless --keep), what is left named, the local cluster stopped, the table printed and
+summary.json written."""
+
+from __future__ import annotations
+
+import shutil
+
+from e2e.stages.setup import CLUSTER_SH
+from e2e.support.errors import StageError
+from e2e.support.harness import OUT, Harness, run_script
+from e2e.support.record import Record
+from e2e.support.session import Session
+from e2e.support.storage.run_storage import RunStorage
+
+
+def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool,
+             code: int) -> int:
+    say = rec.say
+    problems: list[str] = []
+    objs: list = []
+    stores: list[RunStorage] = [obj for kind, obj in stack if kind == "storage"]
+    if harness is not None and session is not None and not keep and session.before:
+        try:
+            from e2e.stages.shared_cluster import PRIORITY_CLASSES
+
+            objs = session.cluster_objects(harness.namespaces, list(PRIORITY_CLASSES))
+        except StageError as e:
+            problems.append(f"listing the run's cluster-scoped objects: {e}")
+    for obj in reversed(stores):
+        obj.stop()  # the port-forward; the emulator's Deployment goes with its namespace
+    if harness is not None and not keep:
+        try:
+            problems += harness.cleanup()
+            if session is not None:
+                problems += session.delete(objs, [])
+        except StageError as e:
+            problems.append(f"cleanup of releases: {e}")
+    for obj in stores:  # E2E_BUCKET: the run's prefix, after the releases (no pod writes there any more)
+        if keep and obj.mode == "bucket":
+            say(f"[e2e] --keep: the run's objects stay in {obj.root}/; delete them with: gcloud storage rm -r "
+                f"{obj.root}/")
+        elif not keep:
+            problems += [f"deleting {obj.root}/: {p}" for p in obj.cleanup()]
+    if (session is not None or stores) and not keep:
+        left: list[str] = []
+        if session is not None:
+            try:
+                left = session.left()
+            except StageError as e:
+                left = [f"(could not ask the cluster: {e})"]
+            say(f"[e2e] left on the cluster: {', '.join(left) if left else 'nothing'}")
+        for obj in stores:
+            if obj.mode == "bucket":
+                in_bucket = obj.left()
+                say(f"[e2e] left in the bucket: {', '.join(in_bucket) if in_bucket else 'nothing'}")
+                left += in_bucket
+        rec.facts["left"] = left
+        if left:
+            problems.append(f"left: {', '.join(left)}")
+    for kind, obj in reversed(stack):
+        if kind == "storage":
+            continue
+        elif kind == "cluster" and not keep:
+            try:
+                run_script([str(CLUSTER_SH), "stop", str(obj)], OUT / "cluster.log", 300, "cluster stop")
+                shutil.rmtree(obj, ignore_errors=True)
+            except StageError as e:
+                problems.append(str(e))
+        elif kind == "cluster":
+            say(f"[e2e] --keep: the local cluster runs on; stop it with: e2e/cluster/cluster.sh stop {obj}")
+    for p in problems:
+        say(f"[e2e] cleanup: {p}")
+    say("\n" + rec.table())
+    say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
+    return 1 if (code == 0 and problems) else code
+

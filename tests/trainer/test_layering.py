@@ -228,17 +228,9 @@ NOT_TRAINER_LOADS = {
     ("tests/lifecycle/conftest.py", "sys.path.insert(0, str(Path(__file__).resolve().parent))"): "lifecycle helpers",
     ("tests/lifecycle/conftest.py", 'sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))'):
         "the chart tests' helpers",
-    ("tests/bench/conftest.py", 'spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")'):
-        "bench/ scripts (not a package)",
-    ("tests/test_bench_report.py", 'spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")'):
-        "bench/report.py",
     ("tests/trainer/test_light_driver_job.py",
      'spec = importlib.util.spec_from_file_location("import_blocker", os.path.join(site, "sitecustomize.py"))'):
         "the test's import blocker, installed as sitecustomize",
-    ("bench/bench.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer...`, `import localkit...`",
-    ("bench/kernel_check.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer.speed...`",
-    ("bench/runtime_env_install.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import localkit...`",
-    ("bench/scale.py", "sys.path[:0] = [str(ROOT)]"): "the checkout root: `import trainer...`, `import localkit...`",
 }
 
 

@@ -100,7 +100,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     # the vision tower's encoder layers compiled (static shapes)
     "default_compile": {"compile_vision": "true", "per_device_train_batch_size": 16,
                         "global_batch_size": 64},
-    # the default plus bench/fp8_linear.py (an experiment, not a trainer flag): the frozen base weights in FP8
+    # the default plus bench/kernels/fp8_linear.py (an experiment, not a trainer flag): the frozen base weights in FP8
     "fp8": {"per_device_train_batch_size": 16, "global_batch_size": 64},
     # explicit flags only (after --)
     "custom": {},

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Training-speed benchmark of the trainer's own path on Gemma 3 4B (random weights), one GPU.
 
 What runs is `trainer/vision_train.py` itself: its flag parsing, its data path (parquet rows → lazy
@@ -11,8 +10,8 @@ are sized like the tutorial's data (~390 tokens per sample with the image).
 
 Two steps:
 
-    python bench/bench.py prepare --out .bench/assets        # here (CPU): processor + config
-    python bench/bench.py run --assets .bench/assets --recipe default --out results.jsonl   # GPU
+    python3 -m bench.bench prepare --out .bench/assets        # here (CPU): processor + config
+    python3 -m bench.bench run --assets .bench/assets --recipe default --out results.jsonl   # GPU
 
 `run` prints one `RESULT {json}` line per recipe: samples/s, tokens/s, peak GPU memory, MFU and the
 projected wall time of the tutorial's 3-epoch workload (1,345 samples) on one GPU, and per-phase
@@ -38,8 +37,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-# The checkout: the `trainer` and `localkit` packages.
-sys.path.insert(0, str(ROOT))
 
 PEAK_BF16_FLOPS = 989e12
 TUTORIAL_SAMPLES = 1345
@@ -103,7 +100,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     # the vision tower's encoder layers compiled (static shapes)
     "default_compile": {"compile_vision": "true", "per_device_train_batch_size": 16,
                         "global_batch_size": 64},
-    # the default plus bench/fp8_linear.py (an experiment, not a trainer flag): the frozen base weights in FP8
+    # the default plus bench/kernels/fp8_linear.py (an experiment, not a trainer flag): the frozen base weights in FP8
     "fp8": {"per_device_train_batch_size": 16, "global_batch_size": 64},
     # explicit flags only (after --)
     "custom": {},
@@ -221,9 +218,9 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
     `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train(). `profile`: one more
     step, after the timed ones, under torch.profiler (bench/profile_step.py), written beside `out`."""
     import torch
-    from step_timer import StepTimer  # bench/, beside this script
     from transformers import AutoConfig, AutoProcessor
 
+    from bench.step_timer import StepTimer
     from trainer.job.arguments import parse_args as parse_trainer_args
     from trainer.worker.model import build_trainer
     from trainer.worker.worker import CUDA_ALLOC_CONF
@@ -263,8 +260,8 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         if not smoke:
             torch.cuda.reset_peak_memory_stats()
         trainer, _processor, stats = build_trainer(args, model_dir, work / "runs" / recipe / "local", device, None)
-        if recipe == "fp8":  # the trainer's own path, then the experimental conversion (bench/fp8_linear.py)
-            import fp8_linear
+        if recipe == "fp8":  # the trainer's own path, then the experimental conversion (bench/kernels/fp8_linear.py)
+            from bench.kernels import fp8_linear
 
             trainer.speed_levers["fp8"] = fp8_linear.apply_to(trainer.model, trainer.speed_levers)
         timer = StepTimer(trainer.model, timed_from=warmup, phase_from=warmup + steps + int(profile),
@@ -272,7 +269,7 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         trainer.add_callback(timer.get_callback())
         prof = None
         if profile:
-            from profile_step import ProfileStep  # bench/
+            from bench.profile_step import ProfileStep
 
             where = (out.parent if out else work) / f"{(out.stem + '-') if out else ''}{res['name']}-profile.txt"
             prof = ProfileStep(warmup + steps, where,

@@ -1,5 +1,6 @@
-# Sourced by the GPU-machine scripts: the package bundle (.whl, from ../shared/device/make-bundle.sh)
-# and the bench assets (.bench/assets.tar.xz, from `bench.py prepare`), both carried by the device tool.
+# A script, sourced bare on the GPU machine by bench/e2e_ray*.sh (from the repository root).
+# The package bundle (.whl, from ../shared/device/make-bundle.sh) and the bench assets (.bench/assets.tar.xz,
+# from `python3 -m bench.bench prepare`), both carried by the device tool.
 if [ ! -d /tmp/site/ray ]; then
   rm -rf /tmp/site && mkdir -p /tmp/site && tar xJf .whl/site.tar.xz -C /tmp/site
 fi

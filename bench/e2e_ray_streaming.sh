@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# A script, run bare on the GPU machine (bash, from the repository root).
 # The streamed counterpart of bench/e2e_ray.sh (#32): the same synthetic rows, sharded by the plugin's own
 # `gemma3-ray data shard` into a local directory, trained with --streaming=true (Ray Data reads the shards, its
 # CPU stage decodes and tokenises, one streaming_split per worker). Compare its samples/s and the summary's
@@ -8,7 +9,7 @@
 set -euo pipefail
 . bench/device_env.sh
 W=${BENCH_WORK:-/tmp/gemma3-bench}
-data=$(python3 bench/bench.py data --rows "${E2E_ROWS:-600}" | tail -n1)
+data=$(python3 -m bench.bench data --rows "${E2E_ROWS:-600}" | tail -n1)
 shards="$W/shards-${E2E_ROWS:-600}"
 PYTHONPATH="$PWD/plugin${PYTHONPATH:+:$PYTHONPATH}" python3 -m gemma3_ray data shard "$data" --to "$shards" \
   --shard-size "${E2E_SHARD_SIZE:-64MB}" --apply

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The comparison table of one bench call (bench/call.py's results file), its check against the expectations
 of bench/scenarios.toml, and bench/RESULTS.md from it.
 
@@ -15,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from bench import scenario_table
 
 BEGIN, END = "<!-- speed:begin (bench/report.py writes this section) -->", "<!-- speed:end -->"
 TUTORIAL, PLAIN, UNSLOTH = "tutorial", "plain_trl", "unsloth"
@@ -252,9 +253,7 @@ def check(path: Path, scenarios: list | None = None) -> list[dict[str, Any]]:
     """Each scenario the results file holds, judged against its row of bench/scenarios.toml: its value, the
     expected range and where it came from, `in range` / `below` / `above` / `failed`, and the issue's target."""
     if scenarios is None:
-        from bench import call
-
-        scenarios = call.load()
+        scenarios = scenario_table.load()
     by_name = {s.name: s for s in scenarios}
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     out = []

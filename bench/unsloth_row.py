@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Unsloth as a row of the bench (issue #33, target 0): the same rows, LoRA set and global batch as the
 trainer's rows, through Unsloth's own path, so every ratio in RESULTS.md's headline comes from one call.
 
@@ -144,7 +143,7 @@ def main() -> None:
     parquet = a.work / f"products-{a.rows}.parquet" if a.rows else next(
         (p for p in files if int(p.stem.split("-")[1]) >= need), files[-1] if files else None)
     if not model_dir.exists() or parquet is None:
-        raise SystemExit(f"no bench weights or rows under {a.work}: run `python3 bench/bench.py data --rows {need}` first")
+        raise SystemExit(f"no bench weights or rows under {a.work}: run `python3 -m bench.bench data --rows {need}` first")
     res = run(model_dir, parquet, a.out, a.micro_batch, a.global_batch, a.warmup, a.steps, a.name)
     raise SystemExit(0 if res.get("ok") else 1)
 

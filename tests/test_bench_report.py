@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def report():
-    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from bench import report
 
 
 def row(name: str, sps: float, **extra) -> dict:
@@ -23,7 +15,6 @@ def row(name: str, sps: float, **extra) -> dict:
 
 
 def test_write_puts_the_headline_first_and_keeps_other_sections(tmp_path: Path) -> None:
-    mod = report()
     results = tmp_path / "r.jsonl"
     fv = row("freeze_vision_3ep", 30.0, workload={"rows": 10, "epochs": 3, "samples": 30, "train_wall_s": 12.5,
                                                   "samples_per_s": 2.4, "optimizer_steps": 6},
@@ -33,11 +24,11 @@ def test_write_puts_the_headline_first_and_keeps_other_sections(tmp_path: Path) 
     out = tmp_path / "RESULTS.md"
     out.write_text("## Job start (image engineer)\n\nsubmission -> first step: 80 s\n")
     for _ in range(2):  # regenerating replaces only its own section
-        mod.write(out, mod.section(mod.load(results), "r.jsonl", None))
+        report.write(out, report.section(report.load(results), "r.jsonl", None))
     text = out.read_text()
     lines = text.splitlines()
     assert lines[0] == ("default: 12.00 samples/s, 12.0× the tutorial recipe, 1.50× plain TRL, — Unsloth ? (—), "
                         "one call: `r.jsonl`")
     assert lines[1] == "freeze_vision: the tutorial's 3 epochs in 12.5 s (`r.jsonl`)"
-    assert text.count(mod.BEGIN) == 1 and text.count("submission -> first step: 80 s") == 1
-    assert text.index(mod.END) < text.index("## Job start (image engineer)")
+    assert text.count(report.BEGIN) == 1 and text.count("submission -> first step: 80 s") == 1
+    assert text.index(report.END) < text.index("## Job start (image engineer)")

@@ -4,13 +4,14 @@ results are judged against it by bench/report.py, and one data-driven call runs 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bench import call, report
+from bench import call, report, scenario_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT.parent / "shared" / "profiles" / "2026-12-02-b-h200" / "job-start-warm.txt"
@@ -56,10 +57,10 @@ budget_s = 100
 
 
 def test_the_repository_scenarios_load_and_every_range_names_its_source():
-    rows = call.load()
+    rows = scenario_table.load()
     assert {"default", "unsloth", "plain_trl", "tutorial", "freeze_vision_3ep", "job_start"} <= {s.name for s in rows}
     assert all(s.source for s in rows if s.expect)
-    headline = [s.name for s in call.group(rows, "headline")]
+    headline = [s.name for s in scenario_table.group(rows, "headline")]
     assert headline.index("data") < headline.index("default") < headline.index("unsloth")
 
 
@@ -72,24 +73,24 @@ def test_the_repository_scenarios_load_and_every_range_names_its_source():
 ])
 def test_a_bad_scenario_is_refused_in_one_sentence_naming_it(tmp_path, bad, message):
     text = f'[[scenario]]\nname = "x"\ngroup = "g"\nrun = "row"\nrecipe = "default"\nbudget_s = 10\nmetric = "m"\n{bad}\n'
-    with pytest.raises(call.ScenarioError, match="scenario 'x'") as e:
-        call.load(write(tmp_path, text))
+    with pytest.raises(scenario_table.ScenarioError, match="scenario 'x'") as e:
+        scenario_table.load(write(tmp_path, text))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_an_unknown_recipe_or_run_is_refused(tmp_path):
-    with pytest.raises(call.ScenarioError, match="recipe 'fastest' is not one of bench.py's"):
-        call.load(write(tmp_path, '[[scenario]]\nname = "x"\ngroup = "g"\nrun = "row"\nrecipe = "fastest"\nbudget_s = 1\n'))
-    with pytest.raises(call.ScenarioError, match="use one of row, workload"):
-        call.load(write(tmp_path, '[[scenario]]\nname = "x"\ngroup = "g"\nrun = "script"\nbudget_s = 1\n'))
+    with pytest.raises(scenario_table.ScenarioError, match="recipe 'fastest' is not one of bench.py's"):
+        scenario_table.load(write(tmp_path, '[[scenario]]\nname = "x"\ngroup = "g"\nrun = "row"\nrecipe = "fastest"\nbudget_s = 1\n'))
+    with pytest.raises(scenario_table.ScenarioError, match="use one of row, workload"):
+        scenario_table.load(write(tmp_path, '[[scenario]]\nname = "x"\ngroup = "g"\nrun = "script"\nbudget_s = 1\n'))
 
 
 def test_an_unknown_group_or_name_is_refused_with_the_known_ones(tmp_path):
-    rows = call.load(write(tmp_path, GOOD))
-    with pytest.raises(call.ScenarioError, match="the groups are headline, workloads"):
-        call.group(rows, "all")
-    with pytest.raises(call.ScenarioError, match="--only names nope"):
-        call.group(rows, "headline", ["nope"])
+    rows = scenario_table.load(write(tmp_path, GOOD))
+    with pytest.raises(scenario_table.ScenarioError, match="the groups are headline, workloads"):
+        scenario_table.group(rows, "all")
+    with pytest.raises(scenario_table.ScenarioError, match="--only names nope"):
+        scenario_table.group(rows, "headline", ["nope"])
 
 
 def results(tmp_path: Path, rows: list[dict]) -> Path:
@@ -99,7 +100,7 @@ def results(tmp_path: Path, rows: list[dict]) -> Path:
 
 
 def test_report_judges_each_result_against_its_range_and_target(tmp_path):
-    scen = call.load(write(tmp_path, GOOD))
+    scen = scenario_table.load(write(tmp_path, GOOD))
     path = results(tmp_path, [
         {"scenario": "default", "name": "default", "ok": True, "samples_per_s": 14.2},
         {"scenario": "fv", "name": "fv", "ok": True, "workload": {"train_wall_s": 80.0}},
@@ -116,7 +117,7 @@ def test_report_judges_each_result_against_its_range_and_target(tmp_path):
 
 
 def test_report_passes_a_call_in_range_and_says_a_met_target(tmp_path, capsys):
-    scen = call.load(write(tmp_path, GOOD))
+    scen = scenario_table.load(write(tmp_path, GOOD))
     path = results(tmp_path, [{"scenario": "default", "name": "default", "ok": True, "samples_per_s": 17.0,
                                "flags": {"per_device_train_batch_size": 16, "global_batch_size": 64}}])
     assert report.print_check(path, scen) is True
@@ -125,7 +126,7 @@ def test_report_passes_a_call_in_range_and_says_a_met_target(tmp_path, capsys):
 
 
 def test_a_failed_row_fails_the_check(tmp_path):
-    scen = call.load(write(tmp_path, GOOD))
+    scen = scenario_table.load(write(tmp_path, GOOD))
     path = results(tmp_path, [{"scenario": "default", "name": "default", "ok": False, "error": "CUDA out of memory"}])
     (v,) = report.check(path, scen)
     assert v["status"] == "failed: CUDA out of memory"
@@ -141,7 +142,7 @@ def test_headline_names_every_ratio_from_one_call():
 
 
 def test_tag_names_the_scenario_and_a_silent_scenario_gets_a_failed_line(tmp_path):
-    scen = call.load(write(tmp_path, GOOD))[0]
+    scen = scenario_table.load(write(tmp_path, GOOD))[0]
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({"name": "old", "ok": True}) + "\n")
     call.tag(path, 1, scen, "c1", 124, 100.0)
@@ -160,13 +161,32 @@ def test_job_start_split_is_read_from_the_jobs_own_log():
     assert call.job_start_result("no such line")["ok"] is False
 
 
-def test_plan_prints_each_command_without_a_gpu():
-    proc = subprocess.run([sys.executable, "-m", "bench.call", "headline", "--plan"], cwd=ROOT, capture_output=True,
+def plan(group: str) -> subprocess.CompletedProcess:
+    """`python3 -m bench.call GROUP --plan` as the GPU machine runs it: from the repository root, with the standard
+    library only (-S: no site-packages, as a bare python3 before the carried bundle is unpacked)."""
+    return subprocess.run([sys.executable, "-S", "-m", "bench.call", group, "--plan"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
+
+
+def test_plan_prints_each_command_without_a_gpu():
+    proc = plan("headline")
     assert proc.returncode == 0, proc.stderr
     assert "unsloth (240s):" in proc.stdout and "-m bench.unsloth_row" in proc.stdout
-    assert "bench/bench.py run --recipe default --name default" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "bench.call", "everything", "--plan"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    assert "-m bench.bench run --recipe default --name default" in proc.stdout
+    bad = plan("everything")
     assert bad.returncode != 0 and "bench: group 'everything' is not in scenarios.toml" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_every_module_a_plan_runs_is_a_module_of_the_checkout():
+    """Each `-m MODULE` and each script a call would run exists where the command names it (a moved module fails
+    here, not on the GPU machine)."""
+    named = set()
+    for group in sorted({s.group for s in scenario_table.load()}):
+        proc = plan(group)
+        assert proc.returncode == 0, proc.stderr
+        named |= set(re.findall(r" -m ([\w.]+)", proc.stdout))
+        named |= {f"./{path}" for path in re.findall(r"bash (bench/\S+\.sh)", proc.stdout)}
+    assert {"bench.bench", "bench.unsloth_row", "bench.kernels.attention_check", "./bench/e2e_ray.sh"} <= named
+    missing = [m for m in sorted(named) if not (ROOT / (m[2:] if m.startswith("./") else m.replace(".", "/") + ".py")).is_file()]
+    assert missing == []

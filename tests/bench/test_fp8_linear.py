@@ -1,4 +1,4 @@
-"""FP8 base weights (bench/fp8_linear.py, an experiment the trainer does not ship): the per-channel e4m3
+"""FP8 base weights (bench/kernels/fp8_linear.py, an experiment the trainer does not ship): the per-channel e4m3
 quantization, the two weight copies, the fused LoRA Function running on them, the bench's fp8 row on the
 trainer's own path, and the refusals on CPU and on GPUs without FP8 (CPU: the dequantized reference path;
 torch._scaled_mm itself needs the GPU)."""
@@ -8,12 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.bench.conftest import bench_module
+from bench import bench
+from bench.kernels import fp8_linear
 from trainer.job.arguments import parse_args
 from trainer.job.flags import UsageError
 from trainer.speed import fast_lora, fast_lora_peft
-
-fp8_linear = bench_module("fp8_linear")
 
 
 def test_quantize_rows_uses_one_scale_per_row_and_the_e4m3_range() -> None:
@@ -117,7 +116,6 @@ def test_fp8_is_refused_on_cpu_with_one_sentence() -> None:
 
 
 def test_bench_fp8_row_is_the_default_row_plus_the_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = bench_module("bench")
     # the same trainer flags as the default row: the fast recipe's, FP8 added by bench.py itself
     assert bench.RECIPES["fp8"] == bench.RECIPES["default"]
     args = parse_args([f"--{k}={v}" for k, v in bench.RECIPES["fp8"].items()])

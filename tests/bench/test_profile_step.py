@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.conftest import ROOT, bench_module
+from bench import profile_step
 
-profile_step = bench_module("profile_step")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("name", "cat"), [
@@ -43,10 +43,10 @@ def test_summary_gap_is_step_wall_minus_gpu_time() -> None:
 def test_profiled_row_on_cpu_keeps_its_timed_steps(tmp_path: Path) -> None:
     # the tiny Gemma 3 on CPU: 1 warm-up + 2 timed + 1 profiled step; the profiled step is neither timed nor phased
     out = tmp_path / "r.jsonl"
-    cmd = [sys.executable, str(ROOT / "bench" / "bench.py"), "run", "--smoke", "--recipe", "custom", "--warmup", "1",
+    cmd = [sys.executable, "-m", "bench.bench", "run", "--smoke", "--recipe", "custom", "--warmup", "1",
            "--steps", "2", "--phase_steps", "0", "--profile", "--out", str(out), "--work", str(tmp_path / "w"), "--",
            "--use_liger_kernel=false", "--fused_lora=false", "--per_device_train_batch_size=1", "--global_batch_size=1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text().splitlines()[-1])
     assert res["timed_steps"] == 2 and len(res["loss_log"]) == 4

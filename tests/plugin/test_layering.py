@@ -1,9 +1,9 @@
-"""The plugin's module graph and shape, read from its source: folders import one way (each only the folders
-its ``__init__`` names under "May import"), nothing imports the CLI, no import cycle (imports inside
-functions count: a lazy import hides a cycle, it does not remove it), every module opens with a one-line
-docstring and stays under 450 lines. Below the CLI nothing sees the command line (no argparse, no
-``Namespace``, no parameter called ``args``); one function constructs a Kubernetes client (the seam in
-``config/clients.py``); one module words a plan's "Dry run" epilogue (``utils/plan.py``)."""
+"""The plugin's own rules, read with the house's import reader (tests/layering.py; its folders' "May import"
+lines and the absence of cycles are checked house-wide by tests/test_layering.py): each folder says what it
+owns, nothing imports the CLI, every module opens with a one-line docstring and stays under 450 lines. Below
+the CLI nothing sees the command line (no argparse, no ``Namespace``, no parameter called ``args``); one
+function constructs a Kubernetes client (the seam in ``config/clients.py``); one module words a plan's "Dry
+run" epilogue (``utils/plan.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.layering import Package, cycles
+from tests.layering import Package
 
 PACKAGE = "gemma3_ray"
 SOURCE = Path(__file__).resolve().parents[2] / "plugin" / PACKAGE
@@ -24,38 +24,8 @@ KUBE_CONSTRUCTORS = re.compile(r"^(ApiClient|load_kube_config|new_client_from_co
                                r"CustomObjectsApi|\w+V\d\w*Api)$")
 
 
-LAYERS = Package(SOURCE)
-_files, folders, folder_of = LAYERS.files, LAYERS.folders, LAYERS.folder_of
-may_import, layer_violations = LAYERS.may_import, LAYERS.layer_violations
-
-
-def imports(module: str, files: dict[str, Path] | None = None) -> set[str]:
-    """The package's modules that ``module`` imports, anywhere in its source (a name imported from a folder
-    is that folder's module if it is one, else the folder's ``__init__``)."""
-    files = files or _files()
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(files[module].read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] != PACKAGE:
-                continue
-            dotted = ".".join(parts[1:])
-            while dotted and dotted not in files:  # a symbol: the module it comes from
-                dotted = dotted.rpartition(".")[0]
-            if dotted:
-                found.add(dotted)
-    return found - {module, ""}
-
-
-def graph() -> dict[str, set[str]]:
-    files = _files()
-    return {m: imports(m, files) for m in sorted(files) if m}
+LAYERS = Package(SOURCE, PACKAGE)
+_files, folders, folder_of, graph, may_import = LAYERS.files, LAYERS.folders, LAYERS.folder_of, LAYERS.graph, LAYERS.may_import
 
 
 def test_the_graph_is_read_from_the_source() -> None:
@@ -67,35 +37,16 @@ def test_the_graph_is_read_from_the_source() -> None:
     assert set(folders()) == {"cli", "config", "gcp", "gke", "kube", "kueue", "release", "utils"}
 
 
-def test_the_checks_find_what_they_look_for() -> None:
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": set()}) == []
-    upward = {"utils.names": {"config.deployment"}, "config.deployment": {"utils.names"}}
-    assert layer_violations(upward, {"utils": set(), "config": {"utils"}}) == [
-        "utils.names imports config.deployment (utils/ may import: nothing)"]
-
-
-def test_each_folder_says_what_it_owns_and_its_layers_go_one_way() -> None:
-    allowed = may_import()
-    for folder, deps in allowed.items():
+def test_each_folder_says_what_it_owns() -> None:
+    for folder in may_import():
         doc = ast.get_docstring(ast.parse((SOURCE / folder / "__init__.py").read_text(encoding="utf-8"))) or ""
         assert doc.startswith(f"{folder}: ") and "\nOwns: " in doc, f"{folder}/__init__.py: '{folder}: ...', then 'Owns: ...'"
-        assert deps <= set(allowed), f"{folder}/ may import folders that do not exist: {deps - set(allowed)}"
-    assert cycles(allowed) == [], "the folders' 'May import' lines must form layers (no two folders import each other)"
-
-
-def test_every_import_goes_down_the_layers() -> None:
-    assert layer_violations(graph(), may_import()) == []
 
 
 def test_no_module_imports_the_cli() -> None:
     offenders = sorted(m for m, deps in graph().items()
                        if folder_of(m) != "cli" and m not in ENTRY_POINTS and any(folder_of(d) == "cli" for d in deps))
     assert offenders == [], f"these plugin modules import gemma3_ray.cli: {offenders}"
-
-
-def test_no_import_cycle() -> None:
-    assert cycles(graph()) == []
 
 
 def test_every_module_opens_with_a_one_line_docstring_and_stays_short() -> None:

@@ -3,7 +3,10 @@
 Installed as `sitecustomize` through PYTHONPATH, in every process of a Ray job: the worker packages
 (torch, transformers, …) cannot be imported except in Ray Train's worker actors, which on GKE are the
 only processes that get them (the chart gives the packages to the workers' runtime env only). The
-driver installs it with `install()`. Every attempt is appended to the file named by
+driver installs it with `install()`. It holds the house's one list of what the head may import
+(`HEAD_PACKAGES`) and may not (`WORKER_PACKAGES`, `WORKER_FOLDERS`): tests/trainer/test_layering.py and
+tests/trainer/test_light_driver.py read them from here (this file stays standard library only: it is
+copied alone into a job's site as `sitecustomize.py`). Every attempt is appended to the file named by
 $IMPORT_BLOCKER_LOG as `<role> <package> allowed|refused`, the role being the Ray actor class of the
 process ("driver" for a process that is no Ray worker, "task" for a task worker).
 """
@@ -13,8 +16,14 @@ from __future__ import annotations
 import os
 import sys
 
-BLOCKED = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes", "liger_kernel",
-           "safetensors")
+# What the Ray head (the driver's process, and every process of the job but Ray Train's workers) may import
+# beyond the standard library: Ray, and pyarrow (Ray Train requires it); of the trainer, job/ and its entry.
+HEAD_PACKAGES = ("ray", "pyarrow")
+# The workers' packages: never imported on the head (the stock Ray head has none of them).
+WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes",
+                   "liger_kernel", "safetensors", "huggingface_hub", "triton", "tensorboardX")
+# The trainer's worker side: never loaded on the head.
+WORKER_FOLDERS = ("trainer.data", "trainer.speed", "trainer.worker")
 ALLOWED_ROLE = "RayTrainWorker"  # ray/train/v2/_internal/execution/worker_group/worker.py
 LOG_ENV = "IMPORT_BLOCKER_LOG"
 
@@ -37,7 +46,7 @@ class Refuse:
 
     def find_spec(self, name: str, path=None, target=None):  # noqa: ANN001 - the finder protocol
         top = name.partition(".")[0]
-        if top not in BLOCKED or name != top:
+        if top not in WORKER_PACKAGES or name != top:
             return None
         who = role()
         allowed = who == ALLOWED_ROLE

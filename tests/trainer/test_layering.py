@@ -1,10 +1,11 @@
-"""The trainer package's module graph, read from its source: its folders import one way (each only the
-folders its ``__init__`` names under "May import"), no import cycle (imports inside functions count), and
-the driver's side stays light: ``job/`` and ``vision_train`` import nothing but the standard library,
-Ray, pyarrow and ``job/`` (the one exception: ``vision_train.train_loop_per_worker``, the workers' entry,
-imports ``worker/``; and the functions of ``job/`` that Ray runs on the workers, named in
-``RUN_ON_WORKERS``). A process that cannot import torch & co imports the driver, as the stock Ray head
-does; and nothing in bench/, tests/, scripts/, demo/, localkit/ or e2e/ loads the trainer by file path."""
+"""The trainer package's own rules, read with the house's import reader (tests/layering.py; its folders' "May
+import" lines and the absence of cycles are checked house-wide by tests/test_layering.py): each folder names its
+modules, job/ is the bottom floor, and the driver's side stays light: ``job/`` and ``vision_train`` import nothing
+but the standard library, what the head may import (``HEAD_PACKAGES``, tests/trainer/import_blocker.py) and
+``job/`` (the one exception: ``vision_train.train_loop_per_worker``, the workers' entry, imports ``worker/``; and
+the functions of ``job/`` that Ray runs on the workers, named in ``RUN_ON_WORKERS``). A process that cannot
+import the worker packages imports the driver, as the stock Ray head does; and nothing in bench/, tests/,
+scripts/, demo/, localkit/ or e2e/ loads the trainer by file path."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.layering import Package, cycles
+from tests.layering import Package, owner, read_imports
+from tests.trainer.import_blocker import HEAD_PACKAGES, WORKER_FOLDERS, WORKER_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "trainer"
@@ -23,92 +25,32 @@ SOURCE = ROOT / PACKAGE
 ENTRY = "vision_train"  # the driver's entry, above every folder
 WORKER_ENTRY = "train_loop_per_worker"  # vision_train's function that Ray Train runs on the workers
 DRIVER_FOLDER = "job"
-# The third-party packages the driver's side may import: Ray, and pyarrow (Ray Train requires it).
-DRIVER_PACKAGES = {"ray", "pyarrow"}
-# Worker packages: never imported by the driver's process (the stock Ray head has none of them).
-WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes",
-                   "safetensors", "huggingface_hub", "triton", "liger_kernel")
 # Functions of job/ modules that Ray runs on the workers only (passed to worker_group.execute*): they
 # may import worker packages in their bodies. Each must be used only as such an argument.
 RUN_ON_WORKERS = {("job.torch_backend", "_setup_process_group"): "torch.distributed.is_available(), as Ray's own"}
 
 
-LAYERS = Package(SOURCE)
-_files, folders, folder_of = LAYERS.files, LAYERS.folders, LAYERS.folder_of
-may_import, layer_violations = LAYERS.may_import, LAYERS.layer_violations
-
-
-def _import_nodes(tree: ast.AST):
-    """(node, dotted names it imports) for every absolute import of a module's source, at any depth."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield node, [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"line {node.lineno}: relative import; the trainer imports by absolute name"
-            yield node, [f"{node.module}.{a.name}" for a in node.names]
-
-
-def _package_modules(names: list[str], files: dict[str, Path]) -> set[str]:
-    found = set()
-    for name in names:
-        parts = name.split(".")
-        if parts[0] != PACKAGE:
-            continue
-        dotted = ".".join(parts[1:])
-        while dotted and dotted not in files:  # a symbol: the module it comes from
-            dotted = dotted.rpartition(".")[0]
-        found.add(dotted)
-    return found
-
-
-def imports(module: str, files: dict[str, Path] | None = None) -> set[str]:
-    """The package's modules that ``module`` imports, anywhere in its source."""
-    files = files or _files()
-    found: set[str] = set()
-    for _, names in _import_nodes(ast.parse(files[module].read_text(encoding="utf-8"))):
-        found |= _package_modules(names, files)
-    return found - {module, ""}
-
-
-def graph() -> dict[str, set[str]]:
-    files = _files()
-    return {m: imports(m, files) for m in sorted(files) if m}
-
-
-def _enclosing_functions(tree: ast.AST) -> dict[ast.AST, str]:
-    """Each import node -> the name of the outermost function it sits in ("" at module level)."""
-    out: dict[ast.AST, str] = {}
-
-    def walk(node: ast.AST, fn: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = fn or (child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else "")
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out[child] = inner
-            walk(child, inner)
-
-    walk(tree, "")
-    return out
+LAYERS = Package(SOURCE, PACKAGE)
+_files, folders, folder_of, graph = LAYERS.files, LAYERS.folders, LAYERS.folder_of, LAYERS.graph
+may_import = LAYERS.may_import
 
 
 def driver_side_problems(module: str, source: str) -> list[str]:
-    """What a driver-side module (job/, the entry) imports beyond the standard library, Ray, pyarrow and job/."""
-    tree = ast.parse(source)
-    where = _enclosing_functions(tree)
+    """What a driver-side module (job/, the entry) imports beyond the standard library, the head's packages
+    and job/."""
     files = _files()
     out = []
-    for node, names in _import_nodes(tree):
-        fn = where[node]
-        for name in names:
-            top = name.split(".")[0]
-            if top in sys.stdlib_module_names or top in DRIVER_PACKAGES or top == "__future__":
-                continue
-            if top == PACKAGE:
-                deps = _package_modules([name], files)
-                allowed = {DRIVER_FOLDER, "worker"} if (module, fn) == (ENTRY, WORKER_ENTRY) else {DRIVER_FOLDER}
-                out += [f"{module}: line {node.lineno} imports {PACKAGE}.{d}" for d in sorted(deps)
-                        if folder_of(d) not in allowed]
-            elif (module, fn) not in RUN_ON_WORKERS:
-                out.append(f"{module}: line {node.lineno} imports {top}" + (f" (in {fn})" if fn else ""))
+    for imp in read_imports(source, f"{PACKAGE}.{module}"):
+        top = imp.name.split(".")[0]
+        if top in sys.stdlib_module_names or top in HEAD_PACKAGES or top == "__future__":
+            continue
+        if top == PACKAGE:
+            dep = owner(imp.name.removeprefix(PACKAGE + "."), files)
+            allowed = {DRIVER_FOLDER, "worker"} if (module, imp.function) == (ENTRY, WORKER_ENTRY) else {DRIVER_FOLDER}
+            if dep and folder_of(dep) not in allowed:
+                out.append(f"{module}: line {imp.line} imports {PACKAGE}.{dep}")
+        elif (module, imp.function) not in RUN_ON_WORKERS:
+            out.append(f"{module}: line {imp.line} imports {top}" + (f" (in {imp.function})" if imp.function else ""))
     return out
 
 
@@ -118,45 +60,32 @@ def test_the_graph_is_read_from_the_source() -> None:
     assert "job.flags" in g["data.dataset"] and "data.dataset" in g["worker.model"]
     assert g["worker.model"] >= {"data.sampler", "speed.speed_levers"}  # lazy imports count
     assert set(folders()) == {"job", "data", "speed", "worker"}
-    assert _package_modules(["trainer.job.flags.UsageError", "trainer.job"], _files()) == {"job.flags", "job"}
+    assert {owner(n, _files()) for n in ("job.flags.UsageError", "job")} == {"job.flags", "job"}
 
 
-def test_the_checks_find_what_they_look_for() -> None:
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": set()}) == []
-    upward = {"job.flags": {"worker.model"}, "worker.model": {"job.flags"}}
-    assert layer_violations(upward, {"job": set(), "worker": {"job"}}) == [
-        "job.flags imports worker.model (job/ may import: nothing)"]
+def test_the_driver_side_check_finds_what_it_looks_for() -> None:
     assert driver_side_problems("job.x", "import json\nimport ray.train\nimport pyarrow.fs\n") == []
     assert driver_side_problems("job.x", "def f():\n    import torch\n") == ["job.x: line 2 imports torch (in f)"]
     assert driver_side_problems("job.x", "from transformers import TrainerCallback\n") == [
         "job.x: line 1 imports transformers"]
     assert driver_side_problems("job.x", "from trainer.data import dataset\n") == ["job.x: line 1 imports trainer.data.dataset"]
+    assert driver_side_problems("job.x", "from ..data import dataset\n") == ["job.x: line 1 imports trainer.data.dataset"]
     assert driver_side_problems(ENTRY, "def main():\n    from trainer.worker import worker\n") == [
         f"{ENTRY}: line 2 imports trainer.worker.worker"]
     assert driver_side_problems(ENTRY, f"def {WORKER_ENTRY}(c):\n    from trainer.worker import worker\n") == []
+    assert set(HEAD_PACKAGES).isdisjoint(WORKER_PACKAGES)
 
 
-def test_each_folder_says_what_it_owns_and_its_layers_go_one_way() -> None:
+def test_each_folder_names_what_it_owns_and_job_is_the_bottom_floor() -> None:
     allowed = may_import()
     files = _files()
-    for folder, deps in allowed.items():
+    for folder in allowed:
         doc = ast.get_docstring(ast.parse((SOURCE / folder / "__init__.py").read_text(encoding="utf-8"))) or ""
         assert doc.startswith(f"{folder}: ") and "\nOwns: " in doc, f"{folder}/__init__.py: '{folder}: ...', then 'Owns: ...'"
-        assert deps <= set(allowed), f"{folder}/ may import folders that do not exist: {deps - set(allowed)}"
         modules = {m.split(".", 1)[1] for m in files if folder_of(m) == folder and "." in m}
         named = set(re.findall(r"``(\w+)``", doc.split("\nMay import:")[0]))
         assert named == modules, f"{folder}/__init__.py names {sorted(named)}, the folder holds {sorted(modules)}"
     assert allowed[DRIVER_FOLDER] == set(), "job/ is the bottom floor: the driver imports it"
-    assert cycles(allowed) == [], "the folders' 'May import' lines must form layers (no two folders import each other)"
-
-
-def test_every_import_goes_down_the_layers() -> None:
-    assert layer_violations(graph(), may_import()) == []
-
-
-def test_no_import_cycle() -> None:
-    assert cycles(graph()) == []
 
 
 def test_nothing_imports_the_driver_entry() -> None:
@@ -216,7 +145,7 @@ def test_the_driver_and_job_import_in_a_process_without_worker_packages() -> Non
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "trainer.job.flags" in loaded and "trainer.vision_train" in loaded
     assert [m for m in loaded if m.split(".")[0] in WORKER_PACKAGES] == []
-    assert [m for m in loaded if m.startswith(("trainer.data", "trainer.speed", "trainer.worker"))] == []
+    assert [m for m in loaded if m.startswith(WORKER_FOLDERS)] == []
 
 
 LOADERS = re.compile(r"sys\.path\.insert|sys\.path\[:0\]|sys\.path\.append|spec_from_file_location|runpy\.run_path")
@@ -228,17 +157,9 @@ NOT_TRAINER_LOADS = {
     ("tests/lifecycle/conftest.py", "sys.path.insert(0, str(Path(__file__).resolve().parent))"): "lifecycle helpers",
     ("tests/lifecycle/conftest.py", 'sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))'):
         "the chart tests' helpers",
-    ("tests/bench/conftest.py", 'spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")'):
-        "bench/ scripts (not a package)",
-    ("tests/test_bench_report.py", 'spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")'):
-        "bench/report.py",
     ("tests/trainer/test_light_driver_job.py",
      'spec = importlib.util.spec_from_file_location("import_blocker", os.path.join(site, "sitecustomize.py"))'):
         "the test's import blocker, installed as sitecustomize",
-    ("bench/bench.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer...`, `import localkit...`",
-    ("bench/kernel_check.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import trainer.speed...`",
-    ("bench/runtime_env_install.py", "sys.path.insert(0, str(ROOT))"): "the checkout root: `import localkit...`",
-    ("bench/scale.py", "sys.path[:0] = [str(ROOT)]"): "the checkout root: `import trainer...`, `import localkit...`",
 }
 
 

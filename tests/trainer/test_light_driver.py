@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.trainer.import_blocker import WORKER_FOLDERS, WORKER_PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = "trainer.vision_train"  # run as `python -m trainer.vision_train` from ROOT, which holds the package
-WORKER_PACKAGES = ("torch", "transformers", "trl", "peft", "datasets", "PIL", "accelerate", "bitsandbytes",
-                   "liger_kernel", "huggingface_hub", "safetensors", "tensorboardX")
-WORKER_FOLDERS = ("trainer.data", "trainer.speed", "trainer.worker")  # the trainer's worker side: never on the head
 # Runs the entry point as `python -m trainer.vision_train ARGS` does, with a meta-path finder that refuses the
 # worker packages; then says which modules got imported.
 BLOCK = """

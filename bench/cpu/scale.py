@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Scale benchmark (CPU): the trainer's data start-up on many rows with gs:// images on fake-gcs-server.
 
 What runs is the trainer's own data path inside Ray Train workers (``trainer.data.dataset.prepare_data``: the rows from
@@ -13,7 +12,7 @@ For each start and each worker it records the wall time of the data preparation,
 memory of the worker process (``ru_maxrss``) and its resident memory before, and the downloads the fake
 server served (every image should be fetched once per node, over both starts).
 
-    python bench/scale.py --rows 100000 --workers 2 --out bench/results/scale-100k.json
+    python3 -m bench.cpu.scale --rows 100000 --workers 2 --out bench/results/scale-100k.json
 
 Run it under the machine's lock (``heavy``): it starts Ray.
 """
@@ -25,14 +24,15 @@ import json
 import os
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.cpu.scale_data import FakeGcs, write_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "gemma3-ray-bench"
 KIB = 1024
 
@@ -78,9 +78,6 @@ def main() -> None:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before ray is imported
     os.environ["RAY_AUTH_MODE"] = "disabled"  # a throw-away cluster of this process only
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    sys.path[:0] = [str(ROOT)]
-    from scale_data import FakeGcs, write_dataset  # beside this script (bench/ is not a package)
-
     from localkit.tiny_model import build_tiny_gemma3
 
     work = Path(tempfile.mkdtemp(prefix="g3r-scale-", dir="/tmp"))

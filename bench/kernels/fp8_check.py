@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
-"""GPU check of the FP8 experiment (bench/fp8_linear.py) at Gemma 3 4B's shapes, micro-batch 16.
+"""GPU check of the FP8 experiment (bench/kernels/fp8_linear.py) at Gemma 3 4B's shapes, micro-batch 16.
 
 Per shape: the relative error of the FP8 forward and input gradient against bf16, and the time of each
 (bf16 matmul vs activation quantization + torch._scaled_mm), median of triton's do_bench.
 
-    python3 bench/fp8_check.py --out fp8.json
+    python3 -m bench.kernels.fp8_check --out fp8.json
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.kernels import fp8_linear
 
 # (name, rows M = tokens or patches of a 16-sample micro-batch, in K, out N)
 SHAPES = (
@@ -27,7 +26,6 @@ SHAPES = (
 
 
 def main() -> None:
-    import fp8_linear
     import torch
     from triton.testing import do_bench
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """GPU check of the speed levers' kernels: correctness against a float32 reference, then timings.
 
 - fused LoRA (trainer/speed/fast_lora.py, fast_lora_kernels.py): the kernels' mask bits equal `keep_bits`; a
@@ -9,7 +8,7 @@
   padding): SDPA as the trainer runs it (kv heads repeated, the mask), cuDNN, cuDNN with GQA, flex
   attention; error against float32 and forward + backward time.
 
-    python3 bench/kernel_check.py --out results.json [--parts lora,lm_attention]
+    python3 -m bench.kernels.kernel_check --out results.json [--parts lora,lm_attention]
 
 Results are written after each part, so a run cut off by its time budget keeps what it measured.
 """
@@ -18,13 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-# The checkout: `trainer.speed` imports as the package there.
-sys.path.insert(0, str(ROOT))
 
 # (name, rows, in features, members): the LoRA groups of Gemma 3 4B at micro-batch 16 (408 tokens per sample)
 SHAPES = (("siglip_qkv", 65536, 1152, 3), ("siglip_o_fc1", 65536, 1152, 1), ("siglip_fc2", 65536, 4304, 1),

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Kernel candidates for issue #33 on the GPU: SigLIP attention (cuDNN vs FlashAttention 4) and the frozen
 LayerNorm, each checked against a float32 reference on fresh random inputs, then timed (median of do_bench).
 
-    python3 bench/attention_check.py --out results.jsonl      # one JSON line per check, kind "kernel_check"
+    python3 -m bench.kernels.attention_check --out results.jsonl      # one JSON line per check, kind "kernel_check"
 
 SigLIP's attention in the bench workload: 16 images x 16 heads x 4,096 patches x head dim 72, bf16, no mask;
 x 27 layers x 4 micro-batches per optimizer step. The LayerNorm: [65,536, 1,152] bf16, frozen weight and bias.

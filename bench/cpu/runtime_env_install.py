@@ -4,8 +4,8 @@ Each case starts its own Ray head (so no runtime env is cached), submits a job t
 time its driver starts, and records: submission -> driver start (the runtime env's set-up), a second
 job with the same runtime env on the same head (Ray reuses the env), and the installed size.
 
-  python bench/runtime_env_install.py --installer uv --cache fresh
-  python bench/runtime_env_install.py --installer pip --cache warm --cache-dir /tmp/pip-cache
+  python3 -m bench.cpu.runtime_env_install --installer uv --cache fresh
+  python3 -m bench.cpu.runtime_env_install --installer pip --cache warm --cache-dir /tmp/pip-cache
 
 The packages are trainer/requirements.txt without ray (the Ray image has it, as in the chart) and
 with torch replaced by the local CPU build (``--torch``): this machine has no GPU and installs only
@@ -20,12 +20,10 @@ import argparse
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from localkit.local_cluster import remove_temp_dir, start_ray_head  # noqa: E402

@@ -169,3 +169,21 @@ def test_apply_walks_the_rows_in_order_and_prints_each_rows_line(monkeypatch, ca
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("[trainer] kernels for ")
     assert lines[1:] == ["[trainer] first thing: {'done': 'first'}"]
+
+
+def test_the_readmes_new_lever_example_is_a_row_and_a_module() -> None:
+    """trainer/README.md, "Speed levers": its row builds, and its module's on/lever run on a model part."""
+    import re
+
+    import torch
+
+    section = (ROOT / "trainer" / "README.md").read_text(encoding="utf-8").split("## Speed levers", 1)[1]
+    row_code, module_code = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+    row = eval(row_code.strip().rstrip(","), {"Lever": Lever})  # noqa: S307 - the README's own example
+    assert isinstance(row, Lever) and row.recipe and row.help.endswith("(default: from --recipe).")
+    module: dict = {}
+    exec(module_code, module)  # noqa: S102 - the README's own example
+    assert module["on"](SimpleNamespace(**{row.flag: True})) is True
+    projector = torch.nn.Linear(4, 4)
+    assert module["lever"](SimpleNamespace(core=SimpleNamespace(multi_modal_projector=projector))) is True
+    assert len(projector._forward_hooks) == 1 and projector(torch.randn(3, 4)).shape == (3, 4)

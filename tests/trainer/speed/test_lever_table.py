@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import sys
 import typing
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +39,14 @@ def top_functions(module: str) -> set[str]:
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
+def module_level_imports(module: str) -> set[str]:
+    path = SPEED / f"{module}.py"
+    tree = ast.parse(path.read_text(encoding="utf-8")) if path.is_file() else ast.Module(body=[], type_ignores=[])
+    names = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in tree.body if isinstance(n, ast.ImportFrom)]
+    return {name.split(".")[0] for name in names}
+
+
 def lever_modules() -> set[str]:
     """The modules of trainer/speed/ that define a lever (a top-level `lever` function)."""
     return {p.stem for p in SPEED.glob("*.py") if "lever" in top_functions(p.stem)}
@@ -55,6 +64,9 @@ def table_problems(levers: tuple[Lever, ...]) -> list[str]:
         missing = {"on", "lever"} - top_functions(lever.module)
         if missing:
             out.append(f"{where} has no {', '.join(sorted(missing))}()")
+        heavy = sorted(module_level_imports(lever.module) - set(sys.stdlib_module_names) - {"__future__", "trainer"})
+        if heavy:  # apply imports every row's module, on or off
+            out.append(f"{where} imports {', '.join(heavy)} at module level; import it inside the functions")
         test = ROOT / lever.test
         if not test.is_file():
             out.append(f"{lever.name}: its CPU test {lever.test} does not exist")
@@ -187,3 +199,11 @@ def test_the_readmes_new_lever_example_is_a_row_and_a_module() -> None:
     projector = torch.nn.Linear(4, 4)
     assert module["lever"](SimpleNamespace(core=SimpleNamespace(multi_modal_projector=projector))) is True
     assert len(projector._forward_hooks) == 1 and projector(torch.randn(3, 4)).shape == (3, 4)
+
+
+def test_a_lever_module_importing_torch_at_module_level_is_found(monkeypatch) -> None:
+    real = module_level_imports
+    monkeypatch.setitem(globals(), "module_level_imports",
+                        lambda m: real(m) | ({"torch"} if m == "frozen_norm" else set()))
+    assert table_problems(LEVERS) == ["frozen_norms (trainer/speed/frozen_norm.py) imports torch at module level; "
+                                      "import it inside the functions"]

@@ -1,5 +1,6 @@
-"""The step levers (trainer/step_levers.py) on the tiny Gemma 3, CPU: the language model's attention through
-SDPA with grouped kv heads equals Transformers' path, the image-token check on the device keeps its mask and
+"""The lean step (trainer/speed/step_levers.py) and the language model's attention lever
+(trainer/speed/lm_attention.py) on the tiny Gemma 3, CPU: the language model's attention through SDPA with grouped
+kv heads equals Transformers' path, the image-token check on the device keeps its mask and
 still refuses a mismatch, and deferred metrics log what TRL logs."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from PIL import Image
 
 from localkit.sample_data import build_sample_dataset
 from trainer.job.arguments import parse_args
-from trainer.speed import step_levers
+from trainer.speed import lm_attention, step_levers
 from trainer.worker.model import build_trainer, load_model
 
 
@@ -42,7 +43,7 @@ def test_lm_attention_with_grouped_kv_equals_transformers_path(tiny_model: Path,
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    assert step_levers.lm_attention_cudnn(model.model.language_model, require_hopper=False) == 2
+    assert lm_attention.lm_attention_cudnn(model.model.language_model, require_hopper=False) == 2
     got = model(**inputs).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert calls.count((True, True)) == 2  # both layers: kv heads grouped, not repeated; the mask kept

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from peft import get_peft_model
 
 from trainer.job.arguments import parse_args
-from trainer.speed import capability, fa4_attention, frozen_norm, speed_levers, vision_attention
+from trainer.speed import capability, fa4_attention, frozen_norm, vision_attention
 from trainer.worker.model import load_model, lora_config
 
 CPU = ["--use_gpu=false", "--quantization=none", "--lora_r=4", "--attn_implementation=sdpa"]
@@ -91,7 +91,7 @@ def test_speed_levers_choose_siglip_attention_by_capability(tiny_model: Path, mo
     routed, cudnn = [], []
     monkeypatch.setattr(fa4_attention, "route_vision_attention", lambda tower: routed.append(tower) or 2)
     monkeypatch.setattr(vision_attention, "prefer_cudnn", lambda tower: cudnn.append(tower))
-    levers = speed_levers.vision_kernels(args, model, capability.plan())
+    levers = vision_attention.vision_kernels(args, model, capability.plan())
     assert levers["kernel"] == kernel
     assert bool(routed) == (kernel == "fa4") and bool(cudnn) == (kernel == "cudnn")
     if not self_test_ok:

@@ -1,6 +1,6 @@
 """job: what the driver on the Ray head imports, the standard library, Ray and pyarrow only.
 
-Owns: the flags declared (``flags``), read and checked together (``arguments``), the JSON- and
+Owns: the flags declared (``flags``; the speed levers' rows, their flags among them: ``lever_table``), read and checked together (``arguments``), the JSON- and
 template-valued ones read into what the job uses (``flag_values``); where files live (``storage``, ``node_cache``); a run's
 identity and what it keeps (``runs``, ``run_definition``, ``checkpoint_manifest``, ``stored``); the data
 checked on the head (``dataset_check``; a streaming dataset's manifest and shards: ``shard_manifest``); the batch shape on

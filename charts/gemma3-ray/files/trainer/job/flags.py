@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trainer.job.lever_table import LEVER_FLAGS, LEVERS
+
 # ----------------------------------------------------------------------------------------------
 # The tutorial's task: a product description from the product name, its category and its photo.
 # ----------------------------------------------------------------------------------------------
@@ -60,11 +62,8 @@ RECIPES: dict[str, tuple[Any, ...]] = {
     "adapter_dtype":              ("bf16", "fp32",   "fp32"),
     "dataloader_num_workers":     (4,      0,        0),
     "compile_vision":             (False,  False,    False),
-    "fused_lora":                 (True,   False,    False),
-    "vision_attention":           ("auto", "sdpa",   "sdpa"),
-    "frozen_norms":               (True,   False,    False),
-    "lm_attention":               ("cudnn", "sdpa",  "sdpa"),
-    "lean_step":                  (True,   False,    False),
+    # the speed levers' rows: lever_table.py
+    **{lever.flag: lever.recipe for lever in LEVERS if lever.flag and lever.recipe},
 }
 # Values only a GPU worker can use: flag -> (value, why and the fix on CPU).
 GPU_ONLY: dict[str, tuple[Any, str]] = {
@@ -83,7 +82,29 @@ def flag(default: Any, help: str, **rules: Any) -> Any:  # noqa: A002 - the data
     return field(default=default, metadata={"help": help, **rules})
 
 
+LEVER_FLAGS_AFTER = "dataloader_num_workers"  # the speed levers' flags come after this one (--help, the schema)
+
+
+def with_lever_flags(cls: type) -> type:
+    """`cls` with a field per lever flag of lever_table.LEVERS, after LEVER_FLAGS_AFTER: a recipe lever's default is
+    None (RECIPES fills it), any other's its row's default."""
+    annotations: dict[str, Any] = {}
+    for name, hint in cls.__annotations__.items():
+        annotations[name] = hint
+        if name != LEVER_FLAGS_AFTER:
+            continue
+        for lever in LEVERS:
+            if lever.flag:
+                annotations[lever.flag] = lever.kind | None if lever.recipe else lever.kind
+                setattr(cls, lever.flag, flag(None if lever.recipe else lever.default, lever.help, **dict(lever.rules)))
+    if LEVER_FLAGS_AFTER not in annotations:
+        raise TypeError(f"{cls.__name__} has no field {LEVER_FLAGS_AFTER} to put the lever flags after")
+    cls.__annotations__ = annotations
+    return cls
+
+
 @dataclass
+@with_lever_flags
 class TrainArguments:
     """Every flag of the job. The chart renders its `training:` map as exactly these names."""
 
@@ -169,21 +190,7 @@ class TrainArguments:
                                              "GPU; default: from --recipe).")
     dataloader_num_workers: int | None = flag(
         None, "Processes decoding images per worker (default: from --recipe on GPU; 0 on CPU).", min=0)
-    fused_lora: bool | None = flag(None, "LoRA layers as one fused Function: dropout applied while loading x, no "
-                                         "copies (Triton; same semantics as PEFT's layer; default: from --recipe).")
-    vision_attention: Literal["sdpa", "cudnn", "fa4", "auto"] | None = flag(
-        None, "SigLIP attention kernel: SDPA's choice, cuDNN's fused attention first, FlashAttention 4 (flash-attn-4, "
-              "sm90/sm100, self-tested; else cuDNN), or auto: the device's choice (trainer/speed/capability.py; "
-              "default: from --recipe).")
-    frozen_norms: bool | None = flag(None, "SigLIP's frozen LayerNorms through PyTorch's kernel, whose backward skips "
-                                           "the weight and bias gradients (default: from --recipe).")
-    lm_attention: Literal["sdpa", "cudnn"] | None = flag(
-        None, "Language-model attention kernel: Transformers' SDPA path (kv heads repeated) or cuDNN's fused attention "
-              "with grouped kv heads (Hopper and newer; default: from --recipe).")
-    lean_step: bool | None = flag(None, "No host syncs inside an optimizer step: the image-token check on the GPU, "
-                                        "TRL's metrics read when logged (default: from --recipe).")
-    image_feature_cache_gib: float = flag(
-        8.0, "With freeze_vision: GPU memory for image features reused across epochs (0: off).", min=0)
+    # --- the speed levers' flags (fused_lora ... image_feature_cache_gib) follow here: lever_table.py ---
     streaming: bool = flag(
         False, "Stream the rows through Ray Data from the shards `gemma3-ray data shard` wrote (dataset_name: their "
                "gs:// prefix or directory, with manifest.json): no copy of the data on any node and no scan before "
@@ -218,8 +225,7 @@ RESTART_FREE = (
     "logging_steps", "eval_steps", "save_strategy", "save_steps", "save_total_limit",
     "num_workers", "min_workers", "per_device_train_batch_size", "accelerator_type", "installer", "extra_pip",
     "max_failures", "cache_dir", "dataloader_num_workers", "streaming_decoders", "streaming_object_store_gib",
-    "recipe", "attn_implementation", "gradient_checkpointing", "use_liger_kernel", "compile_vision", "fused_lora",
-    "vision_attention", "frozen_norms", "lm_attention", "lean_step", "image_feature_cache_gib",
+    "recipe", "attn_implementation", "gradient_checkpointing", "use_liger_kernel", "compile_vision", *LEVER_FLAGS,
     "push_to_hub", "hub_model_id", "merge_adapter", "sample_rows", "sample_max_new_tokens", "sample_batch_size",
     "sample_time_budget_s", "sample_at_eval",
 )

@@ -97,3 +97,15 @@ def keep_on_storage(args, trainer) -> dict[str, Any]:
 
     trainer.add_callback(SaveAfterFirstStep())
     return report
+
+
+def on(args) -> bool:
+    """Before the first Triton compile: a GPU worker with Triton kernels (fused LoRA or Liger's)."""
+    return bool(args.use_gpu and (args.fused_lora or args.use_liger_kernel))
+
+
+def lever(run) -> dict[str, Any]:
+    try:
+        return keep_on_storage(run.args, run.trainer)
+    except Exception as e:  # without the cache the first step compiles, as before
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}

@@ -5,18 +5,18 @@ SigLIP's attention (16 heads of 72 over 4,096 patches, no mask) is ~38% of a def
 its kernels tile the head dim at 128. FA4 has head-dim-96 tiles for sm90 (and 64-128 for sm100): the same
 function at fewer wasted FLOPs, if it is faster on the device (bench/attention_check.py measures it).
 
-`route_vision_attention(vision_tower)` marks the tower's attention modules; marked modules with no mask, no
-dropout and bf16/fp16 inputs run `attention_bhsd`; everything else (other models, masks, fp32) keeps
-Transformers' SDPA path. `self_test()` runs FA4 once on the GPU against SDPA before anything is routed, so a
-failing build or JIT leaves cuDNN in place (the tested fallback of `capability.choose`). torch and FA4 are
-imported inside functions.
+`route_vision_attention(vision_tower)` routes the tower's attention modules through the SDPA router
+(`sdpa_router`); routed modules with no mask, no dropout and bf16/fp16 inputs run `attention_bhsd`; everything else
+(other models, masks, fp32) keeps Transformers' SDPA path. `self_test()` runs FA4 once on the GPU against SDPA
+before anything is routed, so a failing build or JIT leaves cuDNN in place (the tested fallback of
+`capability.choose`). torch and FA4 are imported inside functions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-MARK = "_gemma3_ray_fa4"
+ROUTE = "fa4"  # its route in sdpa_router
 
 
 # Head dims FA4 runs SigLIP's 72 at, first that passes the self-test. On sm90 (flash-attn-4 4.0.0b36) its backward
@@ -108,28 +108,22 @@ def _self_test(head_dim: int, dtype_name: str, pad_to: int | None) -> dict[str, 
 
 
 def route_vision_attention(vision_tower) -> int:
-    """Send the attention of `vision_tower`'s layers through FA4; returns how many modules were marked."""
+    """Send the attention of `vision_tower`'s layers through FA4 (route "fa4" of the SDPA router); returns how many
+    modules were marked."""
+    from trainer.speed import sdpa_router
+
+    layers = [m for m in vision_tower.modules() if type(m).__name__.endswith("Attention") and hasattr(m, "q_proj")]
+    return sdpa_router.route(layers, ROUTE, routed)
+
+
+def routed(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+           **kwargs: Any):
+    """A routed module's call through FA4 (Transformers' output layout), or None (no mask, no dropout, not causal,
+    bf16/fp16 only: the router runs Transformers' SDPA path then)."""
     import torch
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    marked = 0
-    for module in vision_tower.modules():
-        if type(module).__name__.endswith("Attention") and hasattr(module, "q_proj"):
-            setattr(module, MARK, True)
-            marked += 1
-    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    if getattr(original, MARK, False):
-        return marked
-
-    def sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
-             **kwargs: Any):
-        if (not getattr(module, MARK, False) or attention_mask is not None or dropout or is_causal
-                or query.dtype not in (torch.bfloat16, torch.float16) or kwargs.get("position_bias") is not None):
-            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                            is_causal=is_causal, **kwargs)
-        out = attention_bhsd(query, key, value, scaling)
-        return out.transpose(1, 2).contiguous(), None
-
-    setattr(sdpa, MARK, True)
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
-    return marked
+    if (attention_mask is not None or dropout or is_causal or query.dtype not in (torch.bfloat16, torch.float16)
+            or kwargs.get("position_bias") is not None):
+        return None
+    out = attention_bhsd(query, key, value, scaling)
+    return out.transpose(1, 2).contiguous(), None

@@ -193,3 +193,14 @@ def apply(model) -> dict[str, Any]:
             fused += len(layers)
             groups += 1
     return {"fused": fused, "groups": groups, "skipped": skipped}
+
+
+def on(args) -> bool:
+    return bool(args.fused_lora)
+
+
+def lever(run) -> dict[str, Any]:
+    """The fused layers, or PEFT's where the device's plan has no Triton kernels for the GPU (an unknown one)."""
+    if run.args.use_gpu and run.plan["fused_lora"].fallback:
+        return {"skipped": run.plan["fused_lora"].reason}
+    return apply(run.model)

@@ -125,3 +125,14 @@ def epoch_log_callback(cache: ImageFeatureCache):
                       f"computed, {time.perf_counter() - self.t0:.1f} s of training", flush=True)
 
     return EpochLog()
+
+
+def on(args) -> bool:
+    return bool(args.freeze_vision and args.image_feature_cache_gib > 0)
+
+
+def lever(run) -> ImageFeatureCache:
+    cache = attach(run.model, run.args.image_feature_cache_gib)
+    if run.trainer is not None:
+        run.trainer.add_callback(epoch_log_callback(cache))
+    return cache

@@ -72,3 +72,17 @@ def at_train_begin(root, report: dict):
             report["applied"] = apply_to(root)
 
     return FrozenNorms()
+
+
+def on(args) -> bool:
+    return bool(args.frozen_norms)
+
+
+def lever(run):
+    """Without a Trainer: the norms now (their count); in one: at train begin, after its Liger patch (a report whose
+    "applied" the callback fills in)."""
+    if run.trainer is None:
+        return apply_to(run.core.vision_tower)
+    report = {"applied": None}
+    run.trainer.add_callback(at_train_begin(run.core.vision_tower, report))
+    return report

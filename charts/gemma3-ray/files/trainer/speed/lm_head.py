@@ -37,3 +37,11 @@ def labelled_positions_only() -> dict[str, Any]:
     compact.__wrapped__ = original  # type: ignore[attr-defined]
     trl_utils._use_triton = compact
     return {"applied": True, "devices": "all"}
+
+
+def on(args) -> bool:
+    return True  # every device, every recipe
+
+
+def lever(run) -> dict[str, Any]:
+    return labelled_positions_only()

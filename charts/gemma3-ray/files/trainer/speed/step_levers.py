@@ -1,67 +1,32 @@
-"""Levers on a training step's host side and the language model's attention (bench/RESULTS.md measures them).
+"""The lean step (the `lean_step` lever): no host synchronisation inside an optimizer step (bench/RESULTS.md
+measures it).
 
-- `lm_attention_cudnn`: Gemma 3's language-model attention through cuDNN's fused kernel with grouped kv
-  heads (SDPA with `enable_gqa`), the mask as is. Transformers' SDPA path repeats the kv heads whenever
-  there is a mask (always, with an image block), which PyTorch then runs with its sm80 memory-efficient
-  kernel; same function, same mask, a Hopper kernel and no repeated-kv copies.
-- `lean_step`: no host synchronisation inside an optimizer step. Transformers' image-token check reads a
-  count back from the GPU after the vision tower is queued, and TRL's per-micro-batch metrics
-  (entropy, token accuracy, tokens) read three more after the forward: each makes the CPU wait for the
-  GPU, which then waits, idle, for the CPU to queue the next kernels. Here the image-token check runs on
-  the device (`torch._assert_async`), the metrics stay on the GPU until the step is logged, and the
-  Trainer's NaN/inf filter of the logged loss runs on the GPU; the loss, its gradients and the logged values
-  are the same. Also one layout copy instead of hundreds: SigLIP's patch embeddings come out of a
-  transposed convolution output, and every encoder layer kept that layout (strided residual adds, a copy
-  before each LayerNorm); they are made contiguous once.
+Transformers' image-token check reads a count back from the GPU after the vision tower is queued, and TRL's
+per-micro-batch metrics (entropy, token accuracy, tokens) read three more after the forward: each makes the CPU wait
+for the GPU, which then waits, idle, for the CPU to queue the next kernels. Here the image-token check runs on the
+device (`torch._assert_async`), the metrics stay on the GPU until the step is logged, and the Trainer's NaN/inf
+filter of the logged loss runs on the GPU; the loss, its gradients and the logged values are the same. Also one
+layout copy instead of hundreds: SigLIP's patch embeddings come out of a transposed convolution output, and every
+encoder layer kept that layout (strided residual adds, a copy before each LayerNorm); they are made contiguous once.
+(The language model's attention lever is `lm_attention`.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-MARK = "_gemma3_ray_cudnn_gqa"
+
+def on(args) -> bool:
+    return bool(args.lean_step)
 
 
-def lm_attention_cudnn(language_model, require_hopper: bool = True) -> int:
-    """Route the attention of `language_model`'s layers (modules with kv groups) through cuDNN with GQA;
-    returns how many. Other models in the process keep Transformers' SDPA path. Without a Hopper (or newer)
-    GPU nothing changes (`require_hopper=False`: SDPA's own choice of kernel, with GQA: tests on CPU)."""
-    import torch
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    from trainer.speed import capability
-
-    if require_hopper and capability.choose("lm_attention", capability.device_capability()).fallback:
-        return 0  # cuDNN's fused attention with a mask and GQA: Hopper and Blackwell (capability.py)
-    marked = 0
-    for module in language_model.modules():
-        if getattr(module, "num_key_value_groups", 0) >= 1 and hasattr(module, "q_proj"):
-            setattr(module, MARK, True)
-            marked += 1
-    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    if getattr(original, MARK, False):
-        return marked
-
-    def sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
-             **kwargs: Any):
-        mask = attention_mask
-        if (not getattr(module, MARK, False) or dropout or kwargs.get("position_bias") is not None
-                or (mask is not None and mask.dtype != torch.bool) or query.shape[2] == 1):
-            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                            is_causal=is_causal, **kwargs)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        causal = mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                          SDPBackend.MATH], set_priority=True):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, scale=scaling, is_causal=causal,
-                enable_gqa=key.shape[1] != query.shape[1])
-        return out.transpose(1, 2).contiguous(), None
-
-    setattr(sdpa, MARK, True)
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
-    return marked
+def lever(run) -> dict[str, bool]:
+    """Each part of the lean step, applied to the run's model (and its Trainer, when there is one)."""
+    trainer = run.trainer
+    return {"device_image_token_check": device_image_token_check(run.core),
+            "contiguous_patch_embeddings": contiguous_patch_embeddings(run.core.vision_tower),
+            "deferred_metrics": trainer is not None and deferred_metrics(trainer),
+            "device_nan_filter": trainer is not None and device_nan_filter(trainer)}
 
 
 def device_image_token_check(core) -> bool:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import report, speed_path
 from bench.scenario_table import Scenario, ScenarioError, group, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,12 +100,14 @@ def unpack(carry: Path, log) -> dict[str, Any]:
     return have
 
 
-def environment(have: dict[str, Any], unsloth: bool = False) -> dict[str, str]:
+def environment(have: dict[str, Any], unsloth: bool = False, fa4: bool = False) -> dict[str, str]:
+    """The scenario's environment: FlashAttention 4 only for a row that asks for it (`fa4 = true`): the training
+    image (images/trainer) has none, so a row of the shipped default never finds it, carried or not."""
     env = dict(os.environ)
     paths = [str(ROOT)]
     if unsloth and have.get("unsloth"):
         paths.append(str(UNSLOTH_SITE))  # before the bundle: its TRL is the one Unsloth supports
-    if have.get("fa4") and not unsloth:
+    if fa4 and have.get("fa4") and not unsloth:
         paths += [str(FA4_SITE), str(FA4_SITE / "nvidia_cutlass_dsl" / "dsl_packages")]
     if have.get("site"):
         paths.append(str(SITE))
@@ -124,12 +126,17 @@ def run_group(scenarios: list[Scenario], out: Path, budget: int, call_id: str) -
     results = out / "results.jsonl"
     work = Path(os.environ.get("BENCH_WORK", "/tmp/gemma3-bench"))
     t0 = time.time()
+    source = {**speed_path.stamp(), "commit": os.environ.get("BENCH_COMMIT", "")}  # what every line measured
     with open(logs / "call.log", "a") as log:
         have = unpack(Path(os.environ.get("BENCH_CARRY", ROOT)), log)
         for s in scenarios:
             left = budget - int(time.time() - t0)
             limit = min(s.budget_s, left)
-            line = {"scenario": s.name, "call": call_id, "run": s.run, "name": s.name}
+            line = {"scenario": s.name, "call": call_id, "run": s.run, "name": s.name, **source}
+            if s.fa4 and not have.get("fa4"):
+                append(results, {**line, "ok": False, "error": "FlashAttention 4's site was not carried "
+                                 "(.bench/fa4site.tar.xz): this row needs it"})
+                continue
             if limit < 30:
                 print(f"[bench] skip {s.name}: {left}s left of the call", flush=True)
                 append(results, {**line, "ok": False, "error": f"skipped: {left}s left of the call's {budget}s"})
@@ -140,7 +147,7 @@ def run_group(scenarios: list[Scenario], out: Path, budget: int, call_id: str) -
             start = time.time()
             with open(logs / f"{s.name}.log", "w") as fh:
                 try:
-                    rc = subprocess.run(cmd, cwd=ROOT, env=environment(have, s.run == "unsloth"), stdout=fh,
+                    rc = subprocess.run(cmd, cwd=ROOT, env=environment(have, s.run == "unsloth", s.fa4), stdout=fh,
                                         stderr=subprocess.STDOUT, timeout=limit).returncode
                 except subprocess.TimeoutExpired:
                     rc = 124
@@ -152,7 +159,7 @@ def run_group(scenarios: list[Scenario], out: Path, budget: int, call_id: str) -
             elif s.run == "data":
                 append(results, {**line, "ok": rc == 0, "rc": rc, "wall_s": took})
             else:
-                tag(results, before, s, call_id, rc, took)
+                tag(results, before, s, call_id, rc, took, source)
     return results
 
 
@@ -165,14 +172,14 @@ def append(path: Path, row: dict[str, Any]) -> None:
         fh.write(json.dumps(row, default=str) + "\n")
 
 
-def tag(path: Path, before: int, s: Scenario, call_id: str, rc: int, took: float) -> None:
+def tag(path: Path, before: int, s: Scenario, call_id: str, rc: int, took: float, source: dict[str, Any]) -> None:
     """Name the scenario and the call on the lines it wrote; a scenario that wrote none gets a failed line."""
     lines = path.read_text().splitlines() if path.exists() else []
     new = [json.loads(x) for x in lines[before:] if x.strip()]
     if not new:
         new = [{"name": s.name, "ok": False, "error": f"wrote no result (rc {rc}, {took}s; see logs/{s.name}.log)"}]
     for row in new:
-        row.update(scenario=s.name, call=call_id, run=s.run)
+        row.update(scenario=s.name, call=call_id, run=s.run, **source)
         row.setdefault("wall_s", took)
     path.write_text("".join(x + "\n" for x in lines[:before]) + "".join(json.dumps(r, default=str) + "\n" for r in new))
 

@@ -37,6 +37,7 @@ class Scenario:
     source: str = ""
     target: str = ""
     issue: str = ""
+    fa4: bool = False  # FlashAttention 4's site on the path (carried): never for a row of what the image ships
     extra: dict[str, Any] = field(default_factory=dict)
 
     def target_parts(self) -> tuple[str, float] | None:
@@ -53,7 +54,7 @@ def load(path: Path = SCENARIOS) -> list[Scenario]:
     out: list[Scenario] = []
     names: set[str] = set()
     known = {"name", "group", "run", "budget_s", "recipe", "options", "flags", "metric", "expect", "source",
-             "target", "issue"}
+             "target", "issue", "fa4"}
     for i, row in enumerate(data.get("scenario", [])):
         name = row.get("name") or f"#{i + 1}"
         where = f"{path.name}: scenario {name!r}"
@@ -88,7 +89,7 @@ def load(path: Path = SCENARIOS) -> list[Scenario]:
             recipe=row.get("recipe", ""), options=tuple(str(o) for o in row.get("options", [])),
             flags=tuple(str(f) for f in row.get("flags", [])), metric=row.get("metric", ""),
             expect=(float(expect[0]), float(expect[1])) if expect else None, source=row.get("source", ""),
-            target=str(row.get("target", "")), issue=row.get("issue", "")))
+            target=str(row.get("target", "")), issue=row.get("issue", ""), fa4=bool(row.get("fa4", False))))
     if not out:
         raise ScenarioError(f"{path.name}: no [[scenario]] rows")
     if SCENARIOS_RECIPES_CHECK:

@@ -145,11 +145,11 @@ def test_tag_names_the_scenario_and_a_silent_scenario_gets_a_failed_line(tmp_pat
     scen = scenario_table.load(write(tmp_path, GOOD))[0]
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps({"name": "old", "ok": True}) + "\n")
-    call.tag(path, 1, scen, "c1", 124, 100.0)
+    call.tag(path, 1, scen, "c1", 124, 100.0, {"speed_path": "d"})
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert lines[0] == {"name": "old", "ok": True}
     assert lines[1]["scenario"] == "default" and lines[1]["call"] == "c1" and lines[1]["ok"] is False
-    assert "rc 124" in lines[1]["error"]
+    assert "rc 124" in lines[1]["error"] and lines[1]["speed_path"] == "d"  # what it measured (issue #45)
 
 
 @pytest.mark.skipif(not PROFILE.exists(), reason="the shared profile is not beside this checkout")

@@ -58,6 +58,8 @@ def command(s: Scenario, results: Path, work: Path) -> list[str]:
 
 JOB_START_RE = re.compile(r"gemma3-ray job start: ([0-9.]+) s from submission")
 SPLIT_RE = re.compile(r"^\s{2,}(\S.*?)\s{2,}(-?[0-9.]+) s")
+# Ray's prefix on a worker's or the driver's lines: "(RayTrainWorker pid=812) ", "(TrainController pid=9, ip=…) "
+RAY_PREFIX_RE = re.compile(r"^\([A-Za-z_][\w.]* pid=\d+[^)]*\) ?")
 
 
 def job_start_result(log: str) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def job_start_result(log: str) -> dict[str, Any]:
         return {"ok": False, "error": "no 'gemma3-ray job start' line in the job's log"}
     split: dict[str, float] = {}
     for line in log[m.end():].splitlines()[1:12]:
-        sm = SPLIT_RE.match(line)
+        sm = SPLIT_RE.match(RAY_PREFIX_RE.sub("", line))
         if not sm:
             break
         split[sm.group(1).strip()] = float(sm.group(2))

@@ -190,3 +190,14 @@ def test_every_module_a_plan_runs_is_a_module_of_the_checkout():
     assert {"bench.bench", "bench.unsloth_row", "bench.kernels.attention_check", "./bench/e2e_ray.sh"} <= named
     missing = [m for m in sorted(named) if not (ROOT / (m[2:] if m.startswith("./") else m.replace(".", "/") + ".py")).is_file()]
     assert missing == []
+
+
+@pytest.mark.skipif(not PROFILE.exists(), reason="the shared profile is not beside this checkout")
+def test_job_start_split_is_read_through_rays_worker_prefix():
+    """Issue #45 item 4: in the job's log Ray prefixes each worker line ("(RayTrainWorker pid=812) "), which left
+    the results' split empty."""
+    prefixed = "".join(f"(RayTrainWorker pid=812, ip=10.0.0.3) {line}\n" for line in PROFILE.read_text().splitlines())
+    res = call.job_start_result("noise\n" + prefixed)
+    assert res["ok"] and res["job_start_s"] == 79.6
+    assert res["split"]["first optimizer step (incl. first batch)"] == 15.0
+    assert len(res["split"]) >= 8

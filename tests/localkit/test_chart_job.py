@@ -4,6 +4,7 @@ entry point and runtime env the demo takes (localkit/chart_job.py), and the rend
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,18 @@ def test_a_job_that_does_not_carry_its_code_is_refused() -> None:
     job["spec"]["runtimeEnvYAML"] = yaml.safe_dump(env)
     with pytest.raises(DemoError, match="working_dir"):
         parse_chart_job(yaml.safe_dump_all(docs))
+
+
+def test_a_module_at_any_depth_lands_in_its_folder(tmp_path: Path) -> None:
+    """The demo writes the ConfigMap back as the kubelet does: a module three folders deep lands at its path."""
+    chart = tmp_path / "gemma3-ray"
+    shutil.copytree(CHART, chart)
+    deep = chart / "files" / "trainer" / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "c.py").write_text("DEPTH = 3\n")
+    job = parse_chart_job(render_chart(HELM, chart, LOCAL_VALUES, {"training.model_id": "/m", "training.dataset_name": "/d"}))
+    assert job.items["a.b.c.py"] == "trainer/a/b/c.py"
+    written = write_files(job, tmp_path / "mount")
+    assert tmp_path / "mount" / "trainer" / "a" / "b" / "c.py" in written
+    assert (tmp_path / "mount" / "trainer" / "a" / "b" / "c.py").read_text() == "DEPTH = 3\n"
+    assert (tmp_path / "mount" / "trainer" / "job" / "flags.py").read_bytes() == (CHART / "files/trainer/job/flags.py").read_bytes()

@@ -266,7 +266,7 @@ the working_dir upload skips the `..` entries, so the package holds each file on
 
 {{/*
 The trainer files the ConfigMap carries, as JSON {key: text}: the trainer package's Python modules (its
-top level and its folders, one deep) and requirements.txt, by explicit patterns. Never "every file in
+top level and its folders, at any depth: `**` crosses '/') and requirements.txt, by explicit patterns. Never "every file in
 files/trainer": a chart vendored as a plain directory in another chart's charts/ is loaded without its
 own .helmignore, so the trainer README, notes, editor files or caches there would ship and change the
 ConfigMap's hash (hidden files and __pycache__/ are skipped). ConfigMap keys cannot hold '/': a file's key is its path in the package with '.' for
@@ -274,12 +274,12 @@ ConfigMap's hash (hidden files and __pycache__/ are skipped). ConfigMap keys can
 */}}
 {{- define "gemma3-ray.trainerFiles" -}}
 {{- $files := dict -}}
-{{- range $pattern := list "files/trainer/*.py" "files/trainer/*/*.py" "files/trainer/requirements.txt" -}}
+{{- range $pattern := list "files/trainer/**.py" "files/trainer/requirements.txt" -}}
 {{- range $path, $bytes := $.Files.Glob $pattern -}}
 {{- $rel := trimPrefix "files/trainer/" $path -}}
 {{- if not (regexMatch "(^|/)([.]|__pycache__/)" $rel) -}}
-{{- if regexMatch "[.].*[.]" (base $rel) -}}
-{{- fail (printf "files/trainer/%s: a trainer file name holds one dot, before its extension (its ConfigMap key maps folders to dots)" $rel) -}}
+{{- if regexMatch "[.].*[.]" $rel -}}
+{{- fail (printf "files/trainer/%s: a trainer file's path holds one dot, before its extension (its ConfigMap key maps folders to dots): rename the file or folder" $rel) -}}
 {{- end -}}
 {{- $_ := set $files (replace "/" "." $rel) (toString $bytes) -}}
 {{- end -}}

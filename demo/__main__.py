@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from demo.errors import DemoError
 from demo.job_runner import require_success, run_job
-from demo.preflight import preflight
+from demo.preflight import RELEASE, preflight
 from demo.report import copy_report, find_run, load_run, plot_losses, summary_lines
 from demo.run_dirs import RESULT_FILE, new_run_dir
 from localkit.chart_job import (
-    DemoError,
     as_kuberay_submits,
     local_entrypoint,
     local_runtime_env,
@@ -40,15 +40,16 @@ from localkit.chart_job import (
     render_chart,
     write_files,
 )
-from localkit.local_cluster import (
-    FakeGcs,
+from localkit.errors import LocalKitError
+from localkit.fake_gcs import FakeGcs
+from localkit.host import (
     describe_other_ray,
     other_ray_processes,
-    ray_head,
     require_jobs_api_packages,
     require_memory,
     require_port_free,
 )
+from localkit.local_cluster import ray_head
 from localkit.processes import deferred_signals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # 1. Render the chart.
     stream_uri = f"gs://{_values_bucket(args.values, sets)}/{STREAM_PREFIX}" if args.streaming else None
     paths = {"training.model_id": str(model_dir), "training.dataset_name": stream_uri or str(data)}
-    rendered = render_chart(helm, args.chart, args.values, paths, sets)
+    rendered = render_chart(helm, args.chart, args.values, paths, sets, release=RELEASE)
     (run_dir / "rendered.yaml").write_text(rendered)
     shown = " ".join([*(f"--set-string {k}=<built>" for k in paths), *(f"--set {k}={v}" for k, v in sets.items())])
     say(f"1/4 helm template {args.chart.name} -f {args.values.name} {shown} -> {run_dir / 'rendered.yaml'}")
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet()
     try:
         run(args)
-    except DemoError as e:
+    except LocalKitError as e:  # the kit's and the demo's own (DemoError)
         print(f"\n[demo] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:

@@ -15,8 +15,8 @@ from typing import Any, TextIO
 
 import requests  # Ray's Jobs API client raises requests' errors for a refused connection
 
+from demo.errors import DemoError
 from demo.job_log import LineSplitter, for_terminal, is_ray_own
-from localkit.chart_job import DemoError
 
 PROGRESS_POLL_S = 2.0
 STATUS_POLL_S = 1.0

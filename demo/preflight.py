@@ -14,8 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localkit.chart_job import DemoError, entry_args, parse_chart_job, render_chart
+from demo.errors import DemoError
+from localkit.chart_job import entry_args, parse_chart_job, render_chart
 
+RELEASE = "demo"  # the demo's Helm release name (its objects are demo-gemma3-ray-...)
 JOB_DIR = "trainer/job/"  # the trainer's flags and their checks, where the ConfigMap's items mount them
 # The chart's own parser on the rendered words, in a child Python started in a folder of the chart's trainer/job/
 # files (its first import path: the chart's trainer, never this checkout's): exit 3 and the UsageError's text when
@@ -63,8 +65,8 @@ def check_trainer_flags(files: dict[str, str], items: dict[str, str], entrypoint
 
 
 def preflight(helm: str, chart: Path, values: Path, sets: dict[str, str]) -> None:
-    """Every check above, in order; the first failure is a DemoError of one line."""
+    """Every check above, in order; the first failure is a LocalKitError (or DemoError) of one line."""
     require_files(chart, values)
-    rendered = render_chart(helm, chart, values, PLACEHOLDER_PATHS, sets)
+    rendered = render_chart(helm, chart, values, PLACEHOLDER_PATHS, sets, release=RELEASE)
     job = parse_chart_job(rendered)
     check_trainer_flags(job.files, job.items, job.entrypoint)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from demo.errors import DemoError
 from demo.job_runner import read_metrics
-from localkit.chart_job import DemoError
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"

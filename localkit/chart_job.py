@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from localkit.errors import LocalKitError
+
 TRAINER_COMPONENT = "trainer-code"
 ENTRY_MODULE = "trainer.vision_train"  # the entry point runs `python -m trainer.vision_train` in the working_dir
 # Packages whose local build may differ from the pin: CPU machines use the local CPU torch wheel.
@@ -40,10 +42,6 @@ print(json.dumps(worker_runtime_env(sys.argv[1], json.loads(sys.argv[2]))))
 """
 
 
-class DemoError(RuntimeError):
-    """A failure the user can act on: the message says what to do."""
-
-
 # Helm's schema errors: Helm 4 ("- at '/a/b': why", nested) and Helm 3 ("- a.b: why").
 _COMPOSITE = re.compile(r"'(anyOf|allOf|oneOf)' failed|Must validate (at least one|all the|one and only one) schema")
 _HELM4 = re.compile(r"^- at '(?P<path>[^']*)': (?P<why>.*)$")
@@ -55,7 +53,7 @@ _EXTRA_KEY = re.compile(r"additional propert(?:y|ies) '?([A-Za-z0-9_.\-]+)'? (?:
 
 @dataclass
 class ChartJob:
-    """The parts of a rendered release that the demo runs."""
+    """The parts of a rendered release that a local run runs: its trainer files, entry point and runtime env."""
 
     rendered: str
     configmap_name: str
@@ -76,7 +74,7 @@ class ChartJob:
 
 
 def render_chart(helm: str, chart: Path, values: Path, set_string: dict[str, str] | None = None,
-                 set_values: dict[str, str] | None = None, release: str = "demo") -> str:
+                 set_values: dict[str, str] | None = None, release: str = "local") -> str:
     """``helm template`` output for ``chart`` with ``values`` (plus ``--set-string``/``--set`` overrides)."""
     cmd = [helm, "template", release, str(chart), "-f", str(values)]
     for key, value in (set_string or {}).items():
@@ -86,10 +84,10 @@ def render_chart(helm: str, chart: Path, values: Path, set_string: dict[str, str
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except FileNotFoundError as e:
-        raise DemoError(f"helm not found at {helm}: run `make setup` (it installs Helm into .tools/bin)") from e
+        raise LocalKitError(f"helm not found at {helm}: run `make setup` (it installs Helm into .tools/bin)") from e
     if proc.returncode != 0:
         given = "".join(f" --set {k}={v}" for k, v in (set_values or {}).items())
-        raise DemoError(f"`helm template` failed for {values}{given}: {helm_refusal(proc.stderr, chart)}")
+        raise LocalKitError(f"`helm template` failed for {values}{given}: {helm_refusal(proc.stderr, chart)}")
     return proc.stdout
 
 
@@ -148,7 +146,7 @@ def _documents(rendered: str) -> list[dict[str, Any]]:
 def _one(docs: list[dict[str, Any]], what: str, pred) -> dict[str, Any]:
     found = [d for d in docs if pred(d)]
     if len(found) != 1:
-        raise DemoError(f"the rendered chart has {len(found)} {what}; expected exactly one")
+        raise LocalKitError(f"the rendered chart has {len(found)} {what}; expected exactly one")
     return found[0]
 
 
@@ -157,14 +155,14 @@ def _items(rayjob: dict[str, Any], configmap_name: str, keys: list[str]) -> dict
     pod = (rayjob["spec"].get("submitterPodTemplate") or {}).get("spec") or {}
     volumes = [v["configMap"] for v in pod.get("volumes") or [] if (v.get("configMap") or {}).get("name") == configmap_name]
     if len(volumes) != 1:
-        raise DemoError(f"the rendered RayJob's submitter has {len(volumes)} volumes of ConfigMap {configmap_name}; "
+        raise LocalKitError(f"the rendered RayJob's submitter has {len(volumes)} volumes of ConfigMap {configmap_name}; "
                         "expected one")
     items = volumes[0].get("items")
     if items is None:
         return {key: key for key in keys}
     paths = {i["key"]: i["path"] for i in items}
     if set(paths) != set(keys):
-        raise DemoError(f"the submitter's volume items name keys {sorted(set(paths) ^ set(keys))} that the "
+        raise LocalKitError(f"the submitter's volume items name keys {sorted(set(paths) ^ set(keys))} that the "
                         "ConfigMap does not hold, or leave out some it does: every trainer file must be mounted")
     return paths
 
@@ -177,7 +175,7 @@ def _mount_path(rayjob: dict[str, Any], configmap_name: str, runtime_env: dict[s
              if m["name"] in volumes}
     working_dir = str(runtime_env.get("working_dir") or "").rstrip("/")
     if len(paths) != 1 or paths != {working_dir}:
-        raise DemoError(
+        raise LocalKitError(
             f"the rendered RayJob's submitter mounts ConfigMap {configmap_name} at {sorted(paths) or 'no path'} and its "
             f"runtime env's working_dir is {working_dir or 'unset'}; the job must carry the ConfigMap's files as its "
             "working_dir (one mount, the same path)"
@@ -189,7 +187,7 @@ def entry_module(entrypoint: str) -> str:
     """The module the entry point runs (``python -m <module> ...``)."""
     words = shlex.split(entrypoint)
     if words[:2] != ["python", "-m"] or len(words) < 3:
-        raise DemoError(f"the rendered entry point {entrypoint[:80]!r} is not `python -m <module> ...`")
+        raise LocalKitError(f"the rendered entry point {entrypoint[:80]!r} is not `python -m <module> ...`")
     return words[2]
 
 
@@ -230,7 +228,7 @@ def parse_chart_job(rendered: str) -> ChartJob:
     items = _items(rayjob, name, list(files))
     entry = module_path(entry_module(spec["entrypoint"]))
     if entry not in items.values():
-        raise DemoError(
+        raise LocalKitError(
             f"the trainer ConfigMap mounts no {entry}, which the entry point runs (it mounts {sorted(items.values())}): "
             "run `make sync-trainer` so the chart carries trainer/"
         )
@@ -262,7 +260,7 @@ def write_files(job: ChartJob, dest: Path) -> list[Path]:
         rel = job.items[key]
         parts = Path(rel).parts
         if "/" in key or key.startswith(".") or rel.startswith("/") or any(p.startswith(".") for p in parts):
-            raise DemoError(f"unexpected file {key!r} (at {rel!r}) in the trainer ConfigMap")
+            raise LocalKitError(f"unexpected file {key!r} (at {rel!r}) in the trainer ConfigMap")
         real = dest / stamp / rel
         real.parent.mkdir(parents=True, exist_ok=True)
         real.write_bytes(text.encode())
@@ -280,7 +278,7 @@ def as_kuberay_submits(entrypoint: str) -> str:
 
     The submitter runs ``ray job submit ... -- <entrypoint>`` in bash (word splitting, quote removal);
     ``ray job submit`` joins the words again with ``subprocess.list2cmdline`` and the job runs that
-    string with ``/bin/sh``. The demo submits the same string.
+    string with ``/bin/sh``. A local run submits the same string.
     """
     return subprocess.list2cmdline(shlex.split(entrypoint))
 
@@ -321,13 +319,13 @@ def worker_packages(job: ChartJob, working_dir: Path) -> list[str]:
     if installer == NO_INSTALLER:
         return []
     if module_path(WORKER_ENV_MODULE) not in job.items.values():
-        raise DemoError(f"the trainer ConfigMap has no {module_path(WORKER_ENV_MODULE)}: run `make sync-trainer`")
+        raise LocalKitError(f"the trainer ConfigMap has no {module_path(WORKER_ENV_MODULE)}: run `make sync-trainer`")
     extra = job.flags.get(EXTRA_PIP_FLAG) or "[]"
     proc = subprocess.run([sys.executable, "-c", WORKER_ENV_CALL, installer, extra], cwd=working_dir,
                           capture_output=True, text=True, check=False, timeout=60)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise DemoError(f"the chart's trainer could not build the workers' runtime env: {last}")
+        raise LocalKitError(f"the chart's trainer could not build the workers' runtime env: {last}")
     return list(json.loads(proc.stdout)[installer]["packages"])
 
 
@@ -346,7 +344,7 @@ def local_entrypoint(job: ChartJob) -> str:
 def local_runtime_env(job: ChartJob, working_dir: Path, extra_env: dict[str, str]) -> tuple[dict[str, Any], list[PinCheck]]:
     """The runtime env to submit locally: the rendered one, with what the workers would install verified.
 
-    Raises DemoError when the local Python does not satisfy a pin (installing packages into a local
+    Raises LocalKitError when the local Python does not satisfy a pin (installing packages into a local
     cluster's workers would take minutes and the network; ``make setup`` installs the pins); submit
     ``local_entrypoint(job)`` with it, so the workers install nothing.
     """
@@ -355,13 +353,13 @@ def local_runtime_env(job: ChartJob, working_dir: Path, extra_env: dict[str, str
     bad = [c for c in checks if not c.ok]
     if bad:
         lines = "\n".join(f"  {c.requirement}: installed {c.installed or 'nothing'}" for c in bad)
-        raise DemoError(
+        raise LocalKitError(
             "the chart's Ray Train workers would install packages this Python does not have:\n"
             f"{lines}\nrun `make setup` (it installs trainer/requirements.txt into .venv)"
         )
     unknown = set(env) - {"env_vars", "config", "working_dir", "excludes"}
     if unknown:
-        raise DemoError(f"the rendered runtime env has fields the demo does not reproduce: {sorted(unknown)}")
+        raise LocalKitError(f"the rendered runtime env has fields the local kit does not reproduce: {sorted(unknown)}")
     env["working_dir"] = str(working_dir)  # the submitter's mount of the ConfigMap, here a local copy
     env["env_vars"] = {**(env.get("env_vars") or {}), **extra_env}
     return env, checks

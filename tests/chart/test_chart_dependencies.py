@@ -135,12 +135,12 @@ def test_the_demo_checks_what_the_workers_would_install_and_installs_nothing(tmp
     import json
 
     from localkit.chart_job import (
-        DemoError,
         local_entrypoint,
         local_runtime_env,
         parse_chart_job,
         write_files,
     )
+    from localkit.errors import LocalKitError
 
     for installer in ("pip", "uv"):
         job = parse_chart_job(helm_template([CI_DEFAULT], {"rayJob.runtimeEnv.installer": installer}).stdout)
@@ -154,7 +154,7 @@ def test_the_demo_checks_what_the_workers_would_install_and_installs_nothing(tmp
         job.flags["extra_pip"] = json.dumps(["no-such-package-here==1.0"])
         try:
             local_runtime_env(job, code, {})
-        except DemoError as e:
+        except LocalKitError as e:
             assert "no-such-package-here==1.0" in str(e)
         else:
             raise AssertionError(f"{installer}: an unsatisfied pin was not reported")

@@ -5,28 +5,17 @@ The package's folders travel in one ConfigMap with flat keys, put back in place 
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import yaml
 from helm_render import CHART, CI_VALUES_DIR, ROOT, VALUES_DIR, helm_bin, helm_template, same_but_run_name
+from trainer_package import configmap_key, trainer_files
 
 TRAINER = ROOT / "trainer"
 CHART_TRAINER = CHART / "files" / "trainer"
 HELM_TIMEOUT_S = 120
-
-
-def trainer_files(folder: Path) -> dict[str, bytes]:
-    """The trainer package's code and pins by path: its modules and its folders' (one deep), requirements.txt."""
-    paths = [*folder.glob("*.py"), *folder.glob("*/*.py"), folder / "requirements.txt"]
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(paths) if "__pycache__" not in p.parts}
-
-
-def configmap_key(path: str) -> str:
-    """A file's ConfigMap key: its path with '.' for '/' (keys cannot hold '/')."""
-    return path.replace("/", ".")
 
 
 def test_trainer_is_the_charts_trainer() -> None:
@@ -50,16 +39,6 @@ def test_the_volume_items_put_every_file_back_in_its_folder() -> None:
         assert volume["items"] == [{"key": configmap_key(p), "path": f"trainer/{p}"}
                                    for p in sorted(files, key=configmap_key)]
         assert shlex.split(r.one("RayJob")["spec"]["entrypoint"])[:3] == ["python", "-m", "trainer.vision_train"]
-
-
-def test_a_file_name_with_a_second_dot_is_refused_in_one_sentence(tmp_path: Path) -> None:
-    """Its key would map back to the wrong folder (a.b.py -> a/b.py): the chart says so instead."""
-    copy = tmp_path / "gemma3-ray"
-    shutil.copytree(CHART, copy, symlinks=True)
-    (copy / "files" / "trainer" / "job" / "odd.name.py").write_text("# a module name cannot hold a dot\n")
-    r = helm_template([CI_VALUES_DIR / "default-values.yaml"], chart=copy)
-    assert r.returncode != 0
-    assert "files/trainer/job/odd.name.py: a trainer file name holds one dot" in r.stderr, r.stderr
 
 
 def test_packaged_chart_renders_from_elsewhere(tmp_path: Path) -> None:

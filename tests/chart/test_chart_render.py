@@ -26,6 +26,7 @@ from helm_render import (
     same_but_run_name,
     values_files,
 )
+from trainer_package import configmap_key, trainer_files
 
 PARALLEL_HELM = 4
 
@@ -164,9 +165,7 @@ def test_image_tag_overrides_per_group(render: Callable[..., Render]) -> None:
 def test_trainer_configmap_carries_the_files_and_a_content_hash(renders: dict[str, Render]) -> None:
     r = renders["tutorial.yaml"]
     cm = r.one("ConfigMap")
-    trainer = CHART / "files" / "trainer"
-    paths = [*trainer.glob("*.py"), *trainer.glob("*/*.py"), trainer / "requirements.txt"]
-    files = {p.relative_to(trainer).as_posix().replace("/", "."): p.read_text() for p in paths}
+    files = {configmap_key(p): data.decode() for p, data in trainer_files(CHART / "files" / "trainer").items()}
     assert "job.flags.py" in files and "vision_train.py" in files
     assert cm["data"] == files, "the ConfigMap must hold the trainer package's files byte for byte (key: path, '.' for '/')"
     assert cm["immutable"] is True

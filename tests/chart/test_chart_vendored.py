@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from helm_render import CHART, CI_VALUES_DIR, helm_bin, load_docs
+from trainer_package import configmap_key, trainer_files
 
 CI_DEFAULT = CI_VALUES_DIR / "default-values.yaml"
 # What a working copy of the trainer folder may hold besides the code: none of it may reach the pods.
@@ -65,7 +66,6 @@ def test_vendored_and_packaged_charts_ship_the_same_trainer_configmap(tmp_path: 
     assert from_vendored["metadata"]["name"] == from_package["metadata"]["name"], "the code hash differs"
     # Exactly the trainer's code: every module and requirements.txt, nothing else.
     trainer = CHART / "files" / "trainer"
-    code = {p.relative_to(trainer).as_posix().replace("/", ".") for p in [*trainer.glob("*.py"), *trainer.glob("*/*.py")]
-            if "__pycache__" not in p.parts} | {"requirements.txt"}
+    code = {configmap_key(p) for p in trainer_files(trainer)}
     assert set(from_package["data"]) == code
     assert "README.md" not in from_vendored["data"] and not set(STRAYS) & set(from_vendored["data"])

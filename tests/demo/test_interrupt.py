@@ -102,5 +102,5 @@ def test_an_interrupt_while_ray_starts_leaves_nothing(tmp_path: Path, sig: signa
         for p in left:  # the test's own processes, by pid
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        if temp_dir.startswith("/tmp/g3r-demo-"):
+        if temp_dir.startswith("/tmp/g3r-local-"):
             shutil.rmtree(temp_dir, ignore_errors=True)

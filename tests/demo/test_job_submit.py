@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from demo import job_runner
-from localkit.chart_job import DemoError
+from demo.errors import DemoError
 
 NO_AGENT = "No available agent to submit job, please try again later."
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from localkit import local_cluster
-from localkit.chart_job import DemoError
+from localkit.errors import LocalKitError
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_a_head_that_never_gets_ready_is_one_sentence_naming_its_logs(tmp_path: 
     head = local_cluster.ray_head(2, tmp_path / "ray-head.log")
     head.agent_port = held_port
     head.agent_timeout_s = 5.0
-    with pytest.raises(DemoError) as err:
+    with pytest.raises(LocalKitError) as err:
         head.start()
     msg = str(err.value)
     assert "\n" not in msg

@@ -201,7 +201,7 @@ class Setup:
 
     def kind_labels(self, kind: str) -> dict[str, str]:
         """A capacity kind's GKE node labels, as the chart's worker nodeSelector writes them for that
-        capacity.type (templates/_helpers.tpl gemma3-ray.workerNodeSelector); on-demand has none."""
+        capacity.type (templates/_placement.tpl gemma3-ray.workerNodeSelector); on-demand has none."""
         if kind == "flex-start":
             return dict(FLEX_START_LABEL)
         if kind == "reservation":

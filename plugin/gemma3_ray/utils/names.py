@@ -225,7 +225,7 @@ _GSA_ID_MAX = 30
 def chart_fullname(release_name: str) -> str:
     """The chart's ``gemma3-ray.fullname`` (no overrides): the release, or ``RELEASE-gemma3-ray``; one over 40
     characters keeps its first 34 (less trailing '-') and ends in '-' and 5 hex of its sha256 (``gemma3-ray.shorten``
-    in the chart's _helpers.tpl), so releases sharing their first 40 characters get different names."""
+    in the chart's templates/_names.tpl), so releases sharing their first 40 characters get different names."""
     name = release_name if PRODUCT in release_name else f"{release_name}-{PRODUCT}"
     if len(name) <= CHART_FULLNAME_MAX:
         return name

@@ -323,3 +323,18 @@ def test_cannot_be_placed_is_the_schedulers_unschedulable_not_any_pending_pod() 
     gated = {"status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}}
     assert [nodes.unschedulable(p) for p in (pulling, unseen, refused, gated)] == [False, False, True, False]
+
+
+def test_the_cluster_queues_quota_is_the_one_job_asked_for() -> None:
+    """kueue setup --jobs 1: every flavor's quota is one job's pod sets (head, 2 workers, KubeRay's submitter)."""
+    def pod(cpu: str, mem: str) -> dict:
+        return {"spec": {"containers": [{"resources": {"requests": {"cpu": cpu, "memory": mem}}}]}}
+    job = {"spec": {"rayClusterSpec": {"headGroupSpec": {"template": pod("1", "2Gi")},
+                                       "workerGroupSpecs": [{"groupName": "w", "replicas": 2, "template": pod("2", "4Gi")}]}}}
+
+    def cq(cpu: str, mem: str) -> dict:
+        return {"resourceGroups": [{"flavors": [{"name": "f", "resources": [
+            {"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": mem}]}]}]}
+    assert shared_cluster.quota_problem(cq("5500m", "10440Mi"), job) == ""  # 1+4+0.5 cpu; 2Gi+8Gi+200Mi
+    assert "want" in shared_cluster.quota_problem(cq("11", "20880Mi"), job)  # two jobs' quota: not what was asked
+    assert shared_cluster.quota_problem({}, job) == "no resourceGroups: no quota"

@@ -22,9 +22,7 @@ def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack
     stores: list[RunStorage] = [obj for kind, obj in stack if kind == "storage"]
     if harness is not None and session is not None and not keep and session.before:
         try:
-            from e2e.stages.shared_cluster import PRIORITY_CLASSES
-
-            objs = session.cluster_objects(harness.namespaces, list(PRIORITY_CLASSES))
+            objs = session.cluster_objects()
         except StageError as e:
             problems.append(f"listing the run's cluster-scoped objects: {e}")
     for obj in reversed(stores):
@@ -58,6 +56,8 @@ def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack
         rec.facts["left"] = left
         if left:
             problems.append(f"left: {', '.join(left)}")
+    if session is not None:  # the nodes put back, the Lease's renewal stopped; deleted when nothing is left
+        problems += session.close(release=not keep and not rec.facts.get("left"))
     for kind, obj in reversed(stack):
         if kind == "storage":
             continue

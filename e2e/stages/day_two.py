@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 import time
 from typing import Any
 
 from e2e.stages.first_run import NAMESPACE, RELEASE, as_printed, notes_line
+from e2e.support import nodes
 from e2e.support.errors import StageError
 from e2e.support.harness import Harness, Run
 from e2e.support.kube import ended
@@ -255,33 +257,43 @@ def lost_head(h: Harness) -> str:
 
 
 def elastic(h: Harness) -> str:
-    """min_workers=1: the deleted worker's node cordoned, its replacement Pending, the run ends on fewer workers."""
-    run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={"rayJob.backoffLimit": 0, "training.min_workers": 1})
+    """min_workers=1 with every worker on one node the run may cordon (E2E_NODE, or the local cluster's own; else
+    not run): that node cordoned, a worker deleted, its replacement cannot be placed (the scheduler's
+    PodScheduled=False, reason Unschedulable), and the run ends on fewer workers; the node put back."""
+    node = nodes.node_for(h, "elastic")
+    host = ((h.kube.get("node", node, "default") or {}).get("metadata", {}).get("labels") or {}).get(
+        "kubernetes.io/hostname", node)
+    run = h.helm_install(RELEASE, NAMESPACE, upgrade=True, sets={
+        "rayJob.backoffLimit": 0, "training.min_workers": 1, r"workers.nodeSelector.kubernetes\.io/hostname": host})
     _wait_step(h, run, _checkpoint_step(run))
     cluster = _cluster_of(h.kube.get("rayjob", run.rayjob, NAMESPACE) or {})
     workers = _pods(h, NAMESPACE, cluster, "worker")
+    elsewhere = [p["metadata"]["name"] for p in workers if p["spec"].get("nodeName") != node]
+    if elsewhere:
+        raise StageError(f"worker pods {elsewhere} are not on node {node}, which their nodeSelector names")
     victim = workers[0]["metadata"]["name"]
-    node = workers[0]["spec"].get("nodeName") or ""
-    if not node:
-        raise StageError(f"worker pod {victim} is not on a node")
-    h.kube.k("cordon", node)  # the victim's own node: never another part of the cluster
     try:
+        nodes.change(h.kube, h.session.lease, node, cordon=True)  # recorded in the run's Lease first
         h.kube.k("-n", NAMESPACE, "delete", "pod", victim, "--wait=false")
+        before = {p["metadata"]["name"] for p in workers}
 
-        def replacement_pending() -> bool:
-            return any(p["status"].get("phase") == "Pending" for p in _pods(h, NAMESPACE, cluster, "worker"))
-        h.kube.wait_for("the deleted worker's replacement Pending on the cordoned node", replacement_pending, 120,
-                        NAMESPACE)
+        def replacement_unplaceable() -> str:
+            return next((p["metadata"]["name"] for p in _pods(h, NAMESPACE, cluster, "worker")
+                         if p["metadata"]["name"] not in before and nodes.unschedulable(p)), "")
+        replacement = h.kube.wait_for("the deleted worker's replacement: PodScheduled=False, Unschedulable",
+                                      replacement_unplaceable, 120, NAMESPACE)
         h.wait_run(run)
         summary = _finished(h, run)
     finally:
-        h.kube.k("uncordon", node, check=False)
+        problems = nodes.restore(h.kube, h.session.lease)
+        if problems and sys.exc_info()[0] is None:  # else the stage's own error stands; the clean-up tries again
+            raise StageError(f"node {node}: its cordon could not be undone: {'; '.join(problems)}")
     if summary.get("num_workers", 0) >= int(run.flags["num_workers"]):
         raise StageError(f"{run.run_uri}: finished on {summary.get('num_workers')} workers; the worker whose "
                          f"replacement stayed Pending should have left fewer than {run.flags['num_workers']}")
     if summary.get("global_batch_size") != int(run.flags["global_batch_size"]):
         raise StageError(f"{run.run_uri}: global_batch_size {summary.get('global_batch_size')} after losing a "
                          f"worker, want {run.flags['global_batch_size']}")
-    return (f"node {node} cordoned; {run.rayjob} SUCCEEDED on {summary['num_workers']} of {run.flags['num_workers']} "
-            f"workers at step {summary['global_step']}, global batch {summary['global_batch_size']}; "
+    return (f"node {node} cordoned, replacement {replacement} Unschedulable; {run.rayjob} SUCCEEDED on "
+            f"{summary['num_workers']} of {run.flags['num_workers']} workers at step {summary['global_step']}, global batch {summary['global_batch_size']}; "
             f"{_continuous(h, run)}")

@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import calendar
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from e2e.support import nodes
 from e2e.support.errors import StageError
 from e2e.support.harness import VALUES, Harness, Run
 from e2e.support.kube import Kube, ended
+from e2e.support.session import run_name
 
 KUBERAY_16 = "KubeRay >= 1.6"  # what the deletion-rule stage requires (stage_table `requires`)
-DELETION_NS = "g3r-deletion"
+DELETION_NS = run_name("g3r-deletion")  # unique per run (e2e/support/session.py)
 WORKERS_AFTER_S, CLUSTER_AFTER_S = 0, 60
-FALLBACK_NS = "g3r-fallback"
-RESERVATION = "e2e-reservation"
-# The one local node stands for both capacity kinds: it carries the reservation's and flex-start's GKE labels,
+FALLBACK_NS = run_name("g3r-fallback")
+RESERVATION = run_name("e2e-reservation")  # no node of the cluster carries it unless this run labels one
+# One node stands for both capacity kinds (the local cluster's own, else E2E_NODE's; e2e/support/nodes.py): it
+# carries the reservation's and flex-start's GKE labels, its values before recorded in the run's Lease and put back,
 # so the job runs wherever Kueue admits it; which flavor admitted it is what the stage checks.
 NODE_LABELS = {"cloud.google.com/reservation-name": RESERVATION, "cloud.google.com/reservation-affinity": "specific",
                "cloud.google.com/gke-flex-start": "true"}
@@ -114,13 +118,6 @@ def _fallback_values(h: Harness) -> Path:
     return path
 
 
-def _node(h: Harness) -> str:
-    nodes = h.kube.items("nodes", None)
-    if len(nodes) != 1:
-        raise StageError(f"the fallback stage labels the one node of the local cluster; this cluster has {len(nodes)}")
-    return nodes[0]["metadata"]["name"]
-
-
 def _admitted_flavors(h: Harness, run: Run) -> set[str]:
     for wl in h.kube.items("workloads", run.namespace):
         if run.rayjob in [o.get("name") for o in wl["metadata"].get("ownerReferences", [])]:
@@ -141,17 +138,15 @@ def _head_selector(h: Harness, run: Run) -> dict[str, str]:
 def fallback(h: Harness) -> str:
     """capacity.type=fallback [reservation, flex-start] with quota for one job per flavor: release A is admitted on
     the reservation flavor; with its quota taken, release B is admitted on flex-start; `gemma3-ray status` says so."""
-    from e2e.stages.shared_cluster import _kueue_setup
+    from e2e.stages.shared_cluster import _kueue_setup, claim_kueue
 
-    node = _node(h)
-    h.kube.k("label", "--overwrite", "node", node, *[f"{k}={v}" for k, v in NODE_LABELS.items()])
+    node = nodes.node_for(h, "capacity fallback")  # NotRun on a cluster the harness did not start, without E2E_NODE
     try:
+        nodes.change(h.kube, h.session.lease, node, labels=NODE_LABELS)
         ns = h.namespace(FALLBACK_NS)
         values = [_fallback_values(h)]
         said = _kueue_setup(h, ns, [VALUES, *values]).stdout
-        queues = h.kube.items("localqueues", ns)
-        cq = queues[0]["spec"]["clusterQueue"] if queues else ""
-        spec = (h.kube.get("clusterqueue", cq, "default") or {}).get("spec", {})
+        cq, spec = claim_kueue(h, ns)
         order = [f["name"] for f in spec.get("resourceGroups", [{}])[0].get("flavors", [])]
         if order != [f"{cq}-reservation", f"{cq}-flex-start"]:
             raise StageError(f"ClusterQueue {cq}: flavors {order}, want reservation then flex-start\n{said[-400:]}")
@@ -182,4 +177,6 @@ def fallback(h: Harness) -> str:
                 f"reservation-name={RESERVATION}); {b.rayjob} on {order[1]} (gke-flex-start=true); "
                 f"`gemma3-ray status`: admitted on flavor {order[1]}")
     finally:
-        h.kube.k("label", "node", node, *[f"{k}-" for k in NODE_LABELS], check=False)
+        problems = nodes.restore(h.kube, h.session.lease)  # the values the node had, absent ones removed
+        if problems and sys.exc_info()[0] is None:  # else the stage's own error stands; the clean-up tries again
+            raise StageError(f"node {node}: its labels could not be put back: {'; '.join(problems)}")

@@ -77,8 +77,8 @@ def rayjob_spec(kube: Kube, values: list[Path], imgs: Images) -> dict:
 
 
 def check_cluster(h: Harness) -> str:
-    """The run's session; what the cluster has (KubeRay, Kueue, a worker node, the parts' versions), recorded
-    for the stages' preconditions; a killed run's leftovers removed."""
+    """The run's session and its Lease; what the cluster has (KubeRay, Kueue, a worker node, the parts' versions),
+    recorded for the stages' preconditions; what runs whose Lease expired left removed."""
     session = h.session = Session(h.kube)
     rec = h.record
     rec.facts["run_id"] = session.run_id
@@ -93,6 +93,7 @@ def check_cluster(h: Harness) -> str:
     for gap in (facts.kueue_problem, facts.worker_problem):
         if gap:
             say(f"[e2e] preflight: {gap}")
+    session.start()  # the run's Lease, before it makes anything: it is alive for every other run
     gone = session.leftovers_first()
     if gone:
         say(f"[e2e] preflight: {gone}")

@@ -14,11 +14,17 @@ from e2e.support.session import run_name
 
 TEAM_A, TEAM_B = run_name("g3r-team-a"), run_name("g3r-team-b")  # unique per run (e2e/support/session.py)
 SHARED = ROOT / "values" / "shared-cluster.yaml"
+# The PriorityClasses values/shared-cluster.yaml names (the cluster admin's), and its WorkloadPriorityClass: made
+# by the run under names of its own (never a cluster's ml-training or batch-high), never preempting.
+PRIORITY_CLASSES = {run_name("ml-training-head"): 1000, run_name("ml-training"): 900}
+WORKLOAD_PRIORITY = run_name("batch-high")
 # What values/shared-cluster.yaml names that a one-node CPU cluster has not: GKE flex-start nodes and a
-# Google service account. Everything else of the file applies as written.
+# Google service account; and the run's own names for its priority classes. Everything else applies as written.
 LOCAL_OVERLAY = {"capacity": {"type": "none"}, "serviceAccount": {"gcpServiceAccount": ""},
-                 "storage": {"bucket": "gemma3-ray-e2e"}}
-PRIORITY_CLASSES = {"ml-training-head": 1000, "ml-training": 900}  # the cluster admin's, named by the values
+                 "storage": {"bucket": "gemma3-ray-e2e"}, "kueue": {"priorityClass": WORKLOAD_PRIORITY},
+                 "head": {"priorityClassName": run_name("ml-training-head")},
+                 "workers": {"priorityClassName": run_name("ml-training")}}
+CQ, WPC, PC = "clusterqueues.kueue.x-k8s.io", "workloadpriorityclasses.kueue.x-k8s.io", "priorityclasses"
 
 
 def _overlay(h: Harness) -> Path:
@@ -28,8 +34,8 @@ def _overlay(h: Harness) -> Path:
 
 
 def _kueue_setup(h: Harness, ns: str, values: list[Path], apply: bool = True, check: bool = True):
-    """`gemma3-ray kueue setup` (the cluster-scoped objects it makes are found and deleted at the end of the run by
-    e2e.support.session: new since the run began, used by no other namespace)."""
+    """`gemma3-ray kueue setup` (the cluster-scoped objects it made are labelled with the run's id by `claim_kueue`,
+    and deleted at the end of the run by e2e.support.session)."""
     argv = ["gemma3-ray", "kueue", "setup", "-n", ns, "--jobs", "1"]
     for v in values:
         argv += ["-f", str(v)]
@@ -38,12 +44,84 @@ def _kueue_setup(h: Harness, ns: str, values: list[Path], apply: bool = True, ch
 
 
 def _cluster_queue(h: Harness, ns: str) -> tuple[str, dict[str, Any]]:
+    """The ClusterQueue the namespace's LocalQueue points at; a missing one is an error, never an empty spec."""
     lq = h.kube.items("localqueues", ns)
     if not lq:
         raise StageError(f"kueue setup made no LocalQueue in {ns}")
     name = lq[0]["spec"]["clusterQueue"]
-    cq = h.kube.get("clusterqueue", name, "default") or {}
-    return name, cq.get("spec", {})
+    cq = h.kube.get("clusterqueue", name, "default")
+    if cq is None:
+        raise StageError(f"{ns}'s LocalQueue {lq[0]['metadata']['name']} points at ClusterQueue {name}, which does not "
+                         "exist")
+    return name, cq.get("spec") or {}
+
+
+def kueue_objects(cq_name: str, cq: dict[str, Any], h: Harness) -> list[tuple[str, str]]:
+    """The cluster-scoped objects `kueue setup` made for one ClusterQueue: it, its flavors, its admission checks and
+    their ProvisioningRequestConfigs, as (kind, name)."""
+    out = [(CQ, cq_name)]
+    out += [("resourceflavors.kueue.x-k8s.io", f["name"]) for rg in cq.get("resourceGroups") or []
+            for f in rg.get("flavors") or []]
+    checks = [a if isinstance(a, str) else a.get("name") for a in cq.get("admissionChecks") or []]
+    checks += [a.get("name") for a in (cq.get("admissionChecksStrategy") or {}).get("admissionChecks") or []]
+    for name in filter(None, checks):
+        out.append(("admissionchecks.kueue.x-k8s.io", name))
+        params = ((h.kube.get("admissioncheck", name, "default") or {}).get("spec") or {}).get("parameters") or {}
+        if params.get("kind") == "ProvisioningRequestConfig":
+            out.append(("provisioningrequestconfigs.kueue.x-k8s.io", params["name"]))
+    return out
+
+
+def claim_kueue(h: Harness, ns: str, priority: str = "") -> tuple[str, dict[str, Any]]:
+    """After `kueue setup -n ns`: its ClusterQueue (missing: an error) and the objects it uses, proved new since the
+    run began (one that existed before, as a cluster's own batch-high, is refused) and labelled with the run's id."""
+    name, cq = _cluster_queue(h, ns)
+    objs = kueue_objects(name, cq, h) + ([(WPC, priority)] if priority else [])
+    if priority and h.kube.get("workloadpriorityclass", priority, "default") is None:
+        raise StageError(f"kueue setup did not create the WorkloadPriorityClass {priority} the values name")
+    h.session.claim(objs)
+    return name, cq
+
+
+def quota_problem(cq: dict[str, Any], rayjob: dict[str, Any], jobs: int = 1) -> str:
+    """'' when every flavor of the ClusterQueue has exactly the quota for `jobs` of this RayJob (every pod set's
+    requests, as Kueue counts them), else what differs."""
+    from gemma3_ray.kueue import objects as ko
+
+    want = {r: v * jobs for r, v in ko.add(*(s.total() for s in ko.pod_sets(rayjob))).items()}
+    problems = []
+    for rg in cq.get("resourceGroups") or []:
+        for flavor in rg.get("flavors") or []:
+            got = {r["name"]: ko.quantity(r["nominalQuota"]) for r in flavor.get("resources") or []}
+            if got != {r: want.get(r, 0) for r in got} or set(want) - set(got):
+                problems.append(f"flavor {flavor['name']}: {ko.describe(got)}, want {ko.describe(want)}")
+    return "; ".join(problems) if problems else ("" if cq.get("resourceGroups") else "no resourceGroups: no quota")
+
+
+def _rendered_job(h: Harness, values: list[Path]) -> dict[str, Any]:
+    import yaml
+
+    args = ["template", "quota", str(ROOT / "charts" / "gemma3-ray")] + [a for v in values for a in ("-f", str(v))]
+    for doc in yaml.safe_load_all(h.kube.h(*args, timeout=120, what="helm template (the job kueue setup sizes)").stdout):
+        if doc and doc.get("kind") == "RayJob":
+            return doc
+    raise StageError("helm template with the shared-cluster values rendered no RayJob")
+
+
+def priority_classes(h: Harness) -> list[str]:
+    """The run's PriorityClasses (PRIORITY_CLASSES): created with its id, preemptionPolicy Never (its pods never
+    evict another's); one that exists already is not the run's: refused."""
+    made = []
+    for name, value in PRIORITY_CLASSES.items():
+        body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "value": value,
+                "preemptionPolicy": "Never", "description": "e2e: named by shared-cluster.yaml (run's own name)",
+                "metadata": {"name": name, "labels": dict(h.session.labels)}}
+        proc = h.kube.k("create", "-f", "-", input_text=json.dumps(body), check=False, timeout=60)
+        if proc.returncode != 0:
+            raise StageError(f"PriorityClass {name}: {proc.stderr.strip()[-300:]}"
+                             + (" (not this run's: left as it is)" if "AlreadyExists" in proc.stderr else ""))
+        made.append(name)
+    return made
 
 
 def _a_cluster_pods(h: Harness, run: Run) -> list[dict[str, Any]]:
@@ -83,19 +161,17 @@ def _values(h: Harness) -> list[Path]:
 
 def kueue_setup(h: Harness) -> str:
     """`gemma3-ray kueue setup --apply` for team A: ClusterQueue (quota for one job), LocalQueue, priority class."""
-    for name, value in PRIORITY_CLASSES.items():
-        if h.kube.get("priorityclass", name, "default") is None:
-            h.kube.k("create", "priorityclass", name, f"--value={value}",
-                     "--description=e2e: named by shared-cluster.yaml")  # the run's: e2e.support.session deletes it
+    pcs = priority_classes(h)
     h.namespace(TEAM_A, {"pod-security.kubernetes.io/enforce": "restricted",
                          "pod-security.kubernetes.io/enforce-version": "latest"})
     _kueue_setup(h, TEAM_A, _values(h))
-    cq_name, cq = _cluster_queue(h, TEAM_A)
+    cq_name, cq = claim_kueue(h, TEAM_A, WORKLOAD_PRIORITY)
+    problem = quota_problem(cq, _rendered_job(h, _values(h)))
+    if problem:
+        raise StageError(f"ClusterQueue {cq_name}: not the quota of the one job asked for (--jobs 1): {problem}")
     h.shared["cq_a"], h.shared["cq_a_spec"] = cq_name, cq
-    wpc = "batch-high"
-    if h.kube.get("workloadpriorityclass", wpc, "default") is None:
-        raise StageError(f"kueue setup did not create the WorkloadPriorityClass {wpc} the values name")
-    return f"ClusterQueue {cq_name}, LocalQueue in {TEAM_A}, WorkloadPriorityClass {wpc}"
+    return (f"ClusterQueue {cq_name} (quota for one job), LocalQueue in {TEAM_A}, WorkloadPriorityClass "
+            f"{WORKLOAD_PRIORITY}, PriorityClasses {', '.join(pcs)} (preemptionPolicy Never): all new, the run's")
 
 
 def a_admitted(h: Harness) -> str:
@@ -149,8 +225,7 @@ def second_team(h: Harness) -> str:
     cq_b, _ = _cluster_queue(h, TEAM_B)
     if cq_b == cq_a:
         raise StageError(f"{TEAM_B}'s LocalQueue points at {TEAM_A}'s ClusterQueue {cq_a}, not one of its own")
-    if h.kube.get("clusterqueue", cq_b, "default") is None:
-        raise StageError(f"{TEAM_B}'s LocalQueue points at ClusterQueue {cq_b}, which does not exist")
+    claim_kueue(h, TEAM_B, WORKLOAD_PRIORITY)
     _, after = _cluster_queue(h, TEAM_A)
     if after != before:
         raise StageError(f"kueue setup for {TEAM_B} changed {TEAM_A}'s ClusterQueue {cq_a}:\n"

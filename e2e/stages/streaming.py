@@ -15,8 +15,9 @@ from pathlib import Path
 
 from e2e.support.errors import StageError
 from e2e.support.harness import Harness
+from e2e.support.session import run_name
 
-NAMESPACE = "g3r-e2e-stream"
+NAMESPACE = run_name("g3r-e2e-stream")  # unique per run (e2e/support/session.py)
 RELEASE = "e2e-stream"
 ROWS = 256
 SIDE = 1024

@@ -131,13 +131,20 @@ class Harness:
 
     # ------------------------------------------------------------------ namespaces and releases
     def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
-        if self.kube.get("namespace", name, "default") is None:
-            self.kube.k("create", "namespace", name, what=f"namespace {name}")
-            self.namespaces.append(name)
-        if self.session is not None:  # the run's labels: its leftovers are found by them
+        """A namespace of the run, created with the run's labels; one that exists is refused, never adopted (the
+        run would delete it at its end). One this run made already is returned as it is."""
+        if name in self.namespaces:
+            return name
+        if self.session is not None:  # the run's id: what a later run proves is this run's
             labels = {**self.session.labels, **(labels or {})}
-        if labels:
-            self.kube.k("label", "--overwrite", "namespace", name, *[f"{k}={v}" for k, v in labels.items()])
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+        proc = self.kube.k("create", "-f", "-", input_text=json.dumps(body), check=False, timeout=60)
+        if proc.returncode != 0:
+            if "AlreadyExists" in proc.stderr:
+                raise StageError(f"namespace {name} exists already: the run makes its own namespaces and never "
+                                 "takes one it did not make; delete it, or run with another E2E_RUN_ID")
+            raise StageError(f"namespace {name}: kubectl create exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        self.namespaces.append(name)
         # the node's ServiceAccount admission needs the namespace's default ServiceAccount first
         self.kube.wait_for(f"namespace {name}: default ServiceAccount",
                            lambda: self.kube.get("serviceaccount", "default", name), 60, name)

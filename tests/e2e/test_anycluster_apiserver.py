@@ -8,7 +8,7 @@ from pathlib import Path
 
 from e2e.support.kube import Kube
 from e2e.support.preflight import preflight
-from e2e.support.session import HOST_LABEL, RUN_LABEL, Session, host_label_value
+from e2e.support.session import RUN_LABEL, Session
 
 OWNER = {"app.kubernetes.io/managed-by": "gemma3-ray-kueue-setup"}
 CHART_SPEC = {"entrypoint": "python -m x", "rayClusterSpec": {}, "backoffLimit": 0, "submissionMode": "K8sJobMode"}
@@ -46,8 +46,9 @@ def test_preflight_names_kuberay_kueue_and_the_missing_worker_node(kueue_crds: P
 
 
 def test_the_run_removes_exactly_the_cluster_scoped_objects_it_made(kueue_crds: Path, tmp_path: Path) -> None:
+    """What the run made carries its id (its namespaces at creation, kueue setup's objects by `claim`); another
+    team's objects, there before the run, are never touched (more in tests/e2e/test_e2e_ownership.py)."""
     kube = Kube(kueue_crds, tmp_path / "log")
-    # another team's objects, there before the run: never touched
     kube.k("create", "namespace", "other-team")
     _apply(kube, _kueue("ResourceFlavor", "shared-cpu", {}, labels=OWNER), _cq("other-team-queue", "shared-cpu"),
            _kueue("LocalQueue", "queue", {"clusterQueue": "other-team-queue"}, ns="other-team"))
@@ -61,8 +62,11 @@ def test_the_run_removes_exactly_the_cluster_scoped_objects_it_made(kueue_crds: 
            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass", "value": 100,
             "metadata": {"name": "batch-high-t1", "labels": OWNER}})
     kube.k("create", "priorityclass", "ml-training-t1", "--value=900", "--description=e2e: test")
+    kube.k("label", "priorityclass", "ml-training-t1", f"{RUN_LABEL}=t1")
+    run.claim([("clusterqueues.kueue.x-k8s.io", f"{ns}-queue"), ("resourceflavors.kueue.x-k8s.io", "e2e-cpu"),
+               ("workloadpriorityclasses.kueue.x-k8s.io", "batch-high-t1")])
 
-    objs = run.cluster_objects([ns], ["ml-training-t1"])
+    objs = run.cluster_objects()
     assert sorted(objs) == sorted([("clusterqueues.kueue.x-k8s.io", f"{ns}-queue"),
                                    ("resourceflavors.kueue.x-k8s.io", "e2e-cpu"),
                                    ("workloadpriorityclasses.kueue.x-k8s.io", "batch-high-t1"),
@@ -73,17 +77,3 @@ def test_the_run_removes_exactly_the_cluster_scoped_objects_it_made(kueue_crds: 
     assert run.left() == [f"namespace/{ns}"]  # (no namespace controller here to finish its deletion)
     assert kube.get("clusterqueue", "other-team-queue", "default") is not None
     assert kube.get("resourceflavor", "shared-cpu", "default") is not None
-
-
-def test_a_killed_runs_leftovers_on_this_machine_are_found_by_their_labels(kueue_crds: Path, tmp_path: Path) -> None:
-    kube = Kube(kueue_crds, tmp_path / "log")
-    dead = "g3r-team-a-dead01"
-    kube.k("create", "namespace", dead)
-    kube.k("label", "namespace", dead, f"{RUN_LABEL}=dead01", f"{HOST_LABEL}={host_label_value()}")
-    _apply(kube, _kueue("ResourceFlavor", "dead-cpu", {}, labels=OWNER), _cq(f"{dead}-queue", "dead-cpu"),
-           _kueue("LocalQueue", "queue", {"clusterQueue": f"{dead}-queue"}, ns=dead))
-    run = Session(kube, run_id="t2")
-    objs = run._kueue_objects_of({dead}, only_new=False)
-    assert ("clusterqueues.kueue.x-k8s.io", f"{dead}-queue") in objs
-    assert ("resourceflavors.kueue.x-k8s.io", "dead-cpu") in objs
-    assert ("resourceflavors.kueue.x-k8s.io", "shared-cpu") not in objs  # another team's queue uses it

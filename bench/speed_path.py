@@ -28,29 +28,24 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+# Run in a child with the checkout as its working directory: the recipes of that checkout's trainer, imported as the
+# trainer package (never loaded by path), and nothing of it left in this process.
+RECIPES_CHILD = """
+import json
+from trainer.job import flags
+table = {n: ["KEEP" if v is flags.KEEP else repr(v) for v in vals] for n, vals in flags.RECIPES.items()}
+print(json.dumps({"columns": list(flags.RECIPE_COLUMNS), "recipes": table}, sort_keys=True))
+"""
+
+
 def recipes_text(root: Path = ROOT) -> str:
-    """The recipes as sorted JSON, from flags.py's own table (imported by path: the trainer's flags use the standard
-    library only)."""
-    import importlib.util
+    """The recipes as sorted JSON, from trainer/job/flags.py's own table (the trainer's flags use the standard
+    library only, so `python3 -S` reads them)."""
+    import subprocess
     import sys
 
-    # flags imports trainer.job.lever_table: the trainer package must resolve from `root`
-    added = str(root) not in sys.path
-    if added:
-        sys.path.insert(0, str(root))
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_flags", root / "trainer" / "job" / "flags.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        keep = getattr(module, "KEEP", None)  # a sentinel object: its repr holds an address
-        table = {name: ["KEEP" if v is keep else repr(v) for v in values] for name, values in module.RECIPES.items()}
-        return json.dumps({"columns": list(module.RECIPE_COLUMNS), "recipes": table}, sort_keys=True)
-    finally:
-        sys.modules.pop("_bench_flags", None)
-        if added:
-            sys.path.remove(str(root))
+    return subprocess.run([sys.executable or "python3", "-S", "-c", RECIPES_CHILD], cwd=root, check=True,
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}).stdout
 
 
 def parts(root: Path = ROOT) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The end of every `make e2e`, on every exit path: the run's releases, namespaces, cluster-scoped objects and
 storage removed (unless --keep), what is left named, the local cluster stopped, the table printed and
-summary.json written."""
+summary.json written with the run's result. Whatever goes wrong here is one of the record's errors (the run
+fails), never an exception that skips the summary."""
 
 from __future__ import annotations
 
@@ -14,8 +15,23 @@ from e2e.support.session import Session
 from e2e.support.storage.run_storage import RunStorage
 
 
-def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool,
-             code: int) -> int:
+def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool) -> None:
+    """The clean-up, then the table and summary.json with the result (rec.verdict()); an exception here is an
+    error of the run, with its traceback in the log."""
+    try:
+        problems = _cleanup(rec, harness, session, stack, keep)
+    except Exception as e:  # noqa: BLE001 - the summary is written whatever broke
+        rec.log_traceback()
+        problems = [f"{type(e).__name__}: {e} (a defect of the e2e harness; traceback in e2e.log)"]
+    rec.errors += [f"clean-up: {p}" for p in problems if not p.startswith("left: ")]
+    for p in problems:
+        rec.say(f"[e2e] cleanup: {p}")
+    rec.ended = True
+    rec.say("\n" + rec.table())
+    rec.say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
+
+
+def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool) -> list[str]:
     say = rec.say
     problems: list[str] = []
     objs: list = []
@@ -69,9 +85,5 @@ def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack
                 problems.append(str(e))
         elif kind == "cluster":
             say(f"[e2e] --keep: the local cluster runs on; stop it with: e2e/cluster/cluster.sh stop {obj}")
-    for p in problems:
-        say(f"[e2e] cleanup: {p}")
-    say("\n" + rec.table())
-    say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
-    return 1 if (code == 0 and problems) else code
+    return problems
 

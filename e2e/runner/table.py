@@ -149,17 +149,18 @@ class SelectionError(ValueError):
     """--only/--skip name something the table has not, or leave a stage without what it needs."""
 
 
-def by_name(table: tuple[StageSpec, ...] = STAGES) -> dict[str, StageSpec]:
-    return {s.name: s for s in table}
+def by_name(table: tuple[StageSpec, ...] | None = None) -> dict[str, StageSpec]:
+    return {s.name: s for s in table or STAGES}
 
 
 def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def select(only: str, skip: str, table: tuple[StageSpec, ...] = STAGES) -> dict[str, str]:
+def select(only: str, skip: str, table: tuple[StageSpec, ...] | None = None) -> dict[str, str]:
     """The reason each stage will not run ('' for those that will) from --only and --skip, which name groups or
     stages; anything else is refused with one sentence listing the valid names."""
+    table = table or STAGES
     groups = [g for g in GROUPS if g != SETUP]
     stages = [s.name for s in table if s.group != SETUP]
 
@@ -207,16 +208,29 @@ def precondition(spec: StageSpec, record: Record, missing: dict[str, str]) -> st
     return ""
 
 
+def selected(reasons: dict[str, str], table: tuple[StageSpec, ...] | None = None) -> list[str]:
+    """The stages this run is asked to prove: those --only/--skip leave in (setup rows are not asked for), less
+    those needing a stage the selection leaves out (`--skip upgrade`: rollback cannot run, and was not asked to)."""
+    chosen: list[str] = []
+    for s in table or STAGES:
+        if s.group != SETUP and not reasons.get(s.name) and all(n in chosen for n in s.needs):
+            chosen.append(s.name)
+    return chosen
+
+
 def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | None = None,
-        table: tuple[StageSpec, ...] = STAGES, clock: Callable[[], float] = time.time) -> None:
+        table: tuple[StageSpec, ...] | None = None, clock: Callable[[], float] = time.time) -> None:
     """Run the selected stages of the table in order, each in a row of the record; a StageError stops the run
     (the rest are 'not run'). The setup rows come first and always run (E2E_DEADLINE leaves them in)."""
+    table = table or STAGES
+    record.selected = selected(reasons, table)
     for spec in table:
         kw = {"group": spec.group, "claim": spec.claim}
         missing = getattr(h, "missing", {}) or {}  # read at each row: the preflight row fills it
-        why = reasons.get(spec.name, "") or precondition(spec, record, missing)
+        why = reasons.get(spec.name, "")
         if not why and deadline is not None and spec.group != SETUP and clock() + spec.typical_s > deadline:
             why = f"time: about {spec.typical_s} s needed, {max(0, deadline - clock()):.0f} s left before E2E_DEADLINE"
+        why = why or precondition(spec, record, missing)
         if why:
             record.not_run(spec.name, why, **kw)
             continue
@@ -224,10 +238,11 @@ def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | No
             st.detail = spec.fn(h) or ""
 
 
-def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES, reasons: dict[str, str] | None = None) -> None:
+def finish(record: Record, why: str, table: tuple[StageSpec, ...] | None = None,
+           reasons: dict[str, str] | None = None) -> None:
     """A 'not run' row for every stage of the table that has none (after a failure or ^C): its own reason from
     --only/--skip when it has one, else `why`."""
-    for s in table:
+    for s in table or STAGES:
         record.not_run(s.name, (reasons or {}).get(s.name) or why, group=s.group, claim=s.claim)
     settle_notes(record)
 
@@ -258,10 +273,10 @@ def stop_reason(record: Record, interrupted: bool, error: str = "") -> str:
     return f"stopped: {error.splitlines()[0][:200]}" if error else "stopped before it"
 
 
-def lifecycle_table(table: tuple[StageSpec, ...] = STAGES) -> str:
+def lifecycle_table(table: tuple[StageSpec, ...] | None = None) -> str:
     """The chart README's table of what `make e2e` proves: generated from STAGES (a test holds them equal)."""
     rows = ["| stage | group | what it proves |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.group} | {s.claim} |" for s in table]
+    rows += [f"| `{s.name}` | {s.group} | {s.claim} |" for s in table or STAGES]
     return "\n".join(rows)
 
 

@@ -6,6 +6,7 @@ fails), never an exception that skips the summary."""
 from __future__ import annotations
 
 import shutil
+import time
 
 from e2e.stages.setup import CLUSTER_SH
 from e2e.support.errors import StageError
@@ -18,6 +19,7 @@ from e2e.support.storage.run_storage import RunStorage
 def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool) -> None:
     """The clean-up, then the table and summary.json with the result (rec.verdict()); an exception here is an
     error of the run, with its traceback in the log."""
+    t0 = time.time()
     try:
         problems = _cleanup(rec, harness, session, stack, keep)
     except Exception as e:  # noqa: BLE001 - the summary is written whatever broke
@@ -27,6 +29,9 @@ def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack
     for p in problems:
         rec.say(f"[e2e] cleanup: {p}")
     rec.ended = True
+    if "deadline" in rec.facts:  # the bound e2e/README.md states, measured by every run
+        rec.facts["deadline"].update(cleanup_s=round(time.time() - t0, 1),
+                                     ended_past_s=round(time.time() - rec.facts["deadline"]["E2E_DEADLINE"], 1))
     rec.say("\n" + rec.table())
     rec.say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
 

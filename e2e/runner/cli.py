@@ -25,6 +25,7 @@ from e2e.runner.config import any_cluster_config, check_bucket
 from e2e.runner.table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
 from e2e.runner.table import run as run_stages
 from e2e.support import proc
+from e2e.support.deadline import CLEANUP_RESERVE_S
 from e2e.support.errors import StageError
 from e2e.support.harness import OUT, ROOT, Harness, Images, Setup
 from e2e.support.record import EXIT, Record, say
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)
+    if deadline is not None:  # the stages' work stops CLEANUP_RESERVE_S before it (support/deadline.py)
+        rec.facts["deadline"] = {"E2E_DEADLINE": deadline, "stages_stop": deadline - CLEANUP_RESERVE_S}
     proc.install()  # ^C, SIGTERM, SIGHUP: the clean-up runs to its end
     stack: list = []  # what the clean-up undoes, in order (the setup stages add to it)
     harness: Harness | None = None

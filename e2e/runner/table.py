@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from e2e.support.deadline import CLEANUP_RESERVE_S, DEADLINE, OutOfTime
 from e2e.support.errors import StageError
 from e2e.support.record import PASS, Record
 
@@ -221,21 +222,51 @@ def selected(reasons: dict[str, str], table: tuple[StageSpec, ...] | None = None
 def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | None = None,
         table: tuple[StageSpec, ...] | None = None, clock: Callable[[], float] = time.time) -> None:
     """Run the selected stages of the table in order, each in a row of the record; a StageError stops the run
-    (the rest are 'not run'). The setup rows come first and always run (E2E_DEADLINE leaves them in)."""
+    (the rest are 'not run').
+
+    E2E_DEADLINE (`deadline`): the stages' work stops CLEANUP_RESERVE_S before it. A stage is left out ("not run:
+    time") when its typical time no longer fits; a setup row when no selected stage would fit after it; every wait
+    and command of a running stage is capped to the time left (support/deadline.py), and a stage the cap stops is
+    "not run: time", as is every row after it."""
     table = table or STAGES
     record.selected = selected(reasons, table)
-    for spec in table:
-        kw = {"group": spec.group, "claim": spec.claim}
-        missing = getattr(h, "missing", {}) or {}  # read at each row: the preflight row fills it
-        why = reasons.get(spec.name, "")
-        if not why and deadline is not None and spec.group != SETUP and clock() + spec.typical_s > deadline:
-            why = f"time: about {spec.typical_s} s needed, {max(0, deadline - clock()):.0f} s left before E2E_DEADLINE"
-        why = why or precondition(spec, record, missing)
-        if why:
-            record.not_run(spec.name, why, **kw)
-            continue
-        with record.stage(spec.name, **kw) as st:
-            st.detail = spec.fn(h) or ""
+    stop = None if deadline is None else deadline - CLEANUP_RESERVE_S
+    out_of_time = ""
+    with DEADLINE.until(stop):
+        for spec in table:
+            kw = {"group": spec.group, "claim": spec.claim}
+            missing = getattr(h, "missing", {}) or {}  # read at each row: the preflight row fills it
+            why = reasons.get(spec.name, "") or out_of_time or _no_time(spec, record, table, stop, clock)
+            why = why or precondition(spec, record, missing)
+            if why:
+                record.not_run(spec.name, why, **kw)
+                if spec.group == SETUP and why.startswith("time:"):  # nothing after a setup row left out can run
+                    out_of_time = f"time: the setup row {spec.name!r} did not fit before E2E_DEADLINE"
+                continue
+            try:
+                with record.stage(spec.name, **kw) as st:
+                    st.detail = spec.fn(h) or ""
+            except OutOfTime as e:
+                out_of_time = f"time: E2E_DEADLINE came during {spec.name!r} ({str(e).splitlines()[0][:120]})"
+
+
+def _no_time(spec: StageSpec, record: Record, table: tuple[StageSpec, ...], stop: float | None,
+             clock: Callable[[], float]) -> str:
+    """'time: …' when the stage would not end before `stop` (E2E_DEADLINE less the clean-up's room), else ''. A
+    setup row: when no selected stage still to run would fit after it."""
+    if stop is None:
+        return ""
+    left = stop - clock()
+    if spec.group == SETUP:
+        rest = [s.typical_s for s in table if s.name in record.selected and record.row(s.name) is None]
+        if rest and left >= min(rest):
+            return ""
+        return (f"time: {max(0, left):.0f} s left before E2E_DEADLINE (less {CLEANUP_RESERVE_S:.0f} s for the "
+                f"clean-up), no selected stage fits (the shortest needs about {min(rest, default=0)} s)")
+    if left >= spec.typical_s:
+        return ""
+    return (f"time: about {spec.typical_s} s needed, {max(0, left):.0f} s left before E2E_DEADLINE (less "
+            f"{CLEANUP_RESERVE_S:.0f} s for the clean-up)")
 
 
 def finish(record: Record, why: str, table: tuple[StageSpec, ...] | None = None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.support.deadline import DEADLINE, OutOfTime
 from e2e.support.errors import StageError
 from e2e.support.kube import Kube
 from e2e.support.proc import run_child
@@ -182,6 +183,8 @@ class Harness:
     def wait_run(self, run: Run, *, timeout: float = RUN_TIMEOUT_S) -> dict[str, Any]:
         try:
             return self.kube.wait_rayjob(run.namespace, run.rayjob, timeout)
+        except OutOfTime:
+            raise
         except StageError as e:
             why = self.storage.health()  # a failed run may be the storage's failure: say so first
             if why:
@@ -236,13 +239,16 @@ class Harness:
 
 
 def run_script(argv: list[str], log: Path, timeout: float, what: str, env: dict[str, str] | None = None) -> str:
-    """A project script (e2e/cluster/cluster.sh, e2e/build/image.sh): its stdout; on failure its last lines, as a StageError."""
+    """A project script (e2e/cluster/cluster.sh, e2e/build/image.sh): its stdout; on failure its last lines, as a
+    StageError. Its timeout is capped to E2E_DEADLINE (none during the clean-up)."""
+    limit = DEADLINE.cap(timeout, what)
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"$ {shlex.join(argv)}\n")
     try:  # a signal reaches the script, which finishes its clean-up (e2e/support/proc.py)
-        proc = run_child(argv, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+        proc = run_child(argv, timeout=limit, cwd=ROOT, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as e:
-        raise StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s") from e
+        raise (DEADLINE.expired(f"{what}: `{shlex.join(argv)}`", limit, timeout) or
+               StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s")) from e
     with open(log, "a", encoding="utf-8") as f:
         f.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.support.deadline import DEADLINE
 from e2e.support.errors import StageError
 
 # RayJob states (KubeRay v1.5 `status.jobStatus`, `status.jobDeploymentStatus`): KubeRay's own terminal
@@ -62,13 +63,17 @@ class Kube:
 
     def run(self, argv: list[str], *, check: bool = True, timeout: float = 300, input_text: str | None = None,
             what: str = "") -> subprocess.CompletedProcess[str]:
-        """Run a command; on failure (check) raise StageError with its own last lines."""
+        """Run a command (its timeout capped to E2E_DEADLINE); on failure (check) raise StageError with its own last
+        lines."""
+        limit = DEADLINE.cap(timeout, what or argv[0])
         self._log(f"$ {shlex.join(argv)}")
         try:
-            proc = subprocess.run(argv, env=self.environ(), capture_output=True, text=True, timeout=timeout,
+            proc = subprocess.run(argv, env=self.environ(), capture_output=True, text=True, timeout=limit,
                                   input=input_text)
         except subprocess.TimeoutExpired as e:
-            raise StageError(f"{what or argv[0]}: `{shlex.join(argv[:6])} …` did not finish in {timeout:.0f} s") from e
+            cut = DEADLINE.expired(f"{what or argv[0]}: `{shlex.join(argv[:6])} …`", limit, timeout)
+            raise cut or StageError(f"{what or argv[0]}: `{shlex.join(argv[:6])} …` did not finish in "
+                                    f"{timeout:.0f} s") from e
         except FileNotFoundError as e:  # the tool itself (checked at the start; gone since, or a stage's own)
             raise StageError(f"{what or argv[0]}: {argv[0]} not found (is it installed and on PATH?)") from e
         self._log(proc.stdout + proc.stderr)
@@ -130,13 +135,18 @@ class Kube:
     # ------------------------------------------------------------------ waits
     def wait_for(self, what: str, probe: Callable[[], Any], timeout: float, ns: str | None = None,
                  interval: float = 2.0) -> Any:
-        """Poll probe() until it returns a truthy value; on timeout raise with the namespace's diagnostics."""
-        deadline = time.monotonic() + timeout
+        """Poll probe() until it returns a truthy value (at most `timeout` s, capped to E2E_DEADLINE); on timeout
+        raise with the namespace's diagnostics."""
+        limit = DEADLINE.cap(timeout, what)
+        deadline = time.monotonic() + limit
         while True:
             got = probe()
             if got:
                 return got
             if time.monotonic() > deadline:
+                cut = DEADLINE.expired(what, limit, timeout)
+                if cut:
+                    raise cut
                 extra = f"\n{self.diagnose(ns)}" if ns else ""
                 raise StageError(f"{what}: not reached in {timeout:.0f} s{extra}")
             time.sleep(interval)
@@ -147,7 +157,8 @@ class Kube:
         No check hangs on a state a poll may miss (a short RUNNING): a stage that needs the live cluster
         waits for its pods, which outlive the job by rayJob.ttlSecondsAfterFinished.
         """
-        deadline = time.monotonic() + timeout
+        limit = DEADLINE.cap(timeout, f"RayJob {ns}/{name}: {want}")
+        deadline = time.monotonic() + limit
         last = ""
         while True:
             job = self.get("rayjob", name, ns)
@@ -166,6 +177,9 @@ class Kube:
                     f"message {st.get('message', '-')!r}\n{self.diagnose(ns)}\n"
                     f"submitter log tail:\n{self.pod_log_tail(ns, f'job-name={name}')}")
             if time.monotonic() > deadline:
+                cut = DEADLINE.expired(f"RayJob {ns}/{name} still {state} (want {want})", limit, timeout)
+                if cut:
+                    raise cut
                 raise StageError(f"RayJob {ns}/{name} still {state} after {timeout:.0f} s (want {want})\n"
                                  f"{self.diagnose(ns)}")
             time.sleep(2)

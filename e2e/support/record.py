@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.support.deadline import OutOfTime
 from e2e.support.errors import NotRun, StageError
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not run"
@@ -79,6 +80,10 @@ class Record:
         except NotRun as e:  # the stage does not apply here: its row says why, and the run goes on
             skipped, st.result, st.detail = True, NOT_RUN, str(e)
             self.say(f"[e2e] {name}: not run - {e}")
+        except OutOfTime as e:  # E2E_DEADLINE stopped it: neither proven nor false
+            st.result, st.detail = NOT_RUN, f"time: {e}"
+            self.say(f"[e2e] {name}: not run - {st.detail}")
+            raise
         except StageError as e:
             st.result, st.detail = FAIL, str(e)
             raise

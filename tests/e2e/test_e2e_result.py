@@ -34,11 +34,16 @@ class FakeSession:
 
     def __init__(self, left: list[str]) -> None:
         self._left, self.before, self.labels = left, {}, {}
+        from e2e.support.deadline import DEADLINE
+
+        self.deadline = DEADLINE
+        self.deadline_in_cleanup: list = []
 
     def delete(self, objs, extra) -> list[str]:
         return []
 
     def left(self) -> list[str]:
+        self.deadline_in_cleanup.append(self.deadline.at)
         return list(self._left)
 
 
@@ -122,15 +127,38 @@ def test_leftovers_are_fail_and_exit_1(drive) -> None:
 
 def test_a_deadline_already_past_is_not_run_and_exit_3(drive, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: E2E_DEADLINE one second in the past ran the four setup stages, left every selected stage "not run:
-    time", printed "total 41s pass" and exited 0."""
+    time", printed "total 41s pass" and exited 0. Now the setup rows are not run either (nothing would fit)."""
     monkeypatch.setenv("E2E_DEADLINE", str(time.time() - 1))
-    code, summary, printed = drive(["--only", "first"])
+    ran: list[str] = []
+
+    def setup_fn(name: str):
+        def fn(h) -> str:
+            ran.append(name)
+            return "ran"
+        return fn
+    code, summary, printed = drive(["--only", "first"], {n: setup_fn(n) for n in SETUP})
     assert (code, summary["result"]) == (3, NOT_RUN), summary
+    assert ran == []
     rows = _rows(summary)
-    assert all(rows[n]["result"] == NOT_RUN and rows[n]["detail"].startswith("time:") for n in FIRST)
+    assert all(rows[n]["result"] == NOT_RUN and rows[n]["detail"].startswith("time:") for n in SETUP + FIRST)
     assert summary["reason"].startswith(f"{len(FIRST)} of {len(FIRST)} selected stages not run")
     assert any(line.startswith("total") and line.rstrip().endswith("not run") for p in printed for line in
                p.splitlines()), printed
+    assert summary["deadline"]["ended_past_s"] >= 0 and summary["deadline"]["cleanup_s"] >= 0
+
+
+def test_the_clean_up_is_not_capped_by_the_deadline(drive, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stages stop at E2E_DEADLINE less 60 s; the clean-up after them runs to its end (no deadline in force)."""
+    monkeypatch.setenv("E2E_DEADLINE", str(time.time() + 3600))
+    sessions: list[FakeSession] = []
+
+    def preflight(h) -> str:
+        h.session = FakeSession([])
+        sessions.append(h.session)
+        return "ok"
+    code, summary, _ = drive(["--only", "first"], {"preflight": preflight})
+    assert code == 0 and sessions[0].deadline_in_cleanup == [None]
+    assert summary["deadline"]["stages_stop"] == summary["deadline"]["E2E_DEADLINE"] - 60
 
 
 def test_stages_left_out_by_the_selection_do_not_make_the_run_not_run(drive) -> None:

@@ -172,14 +172,29 @@ def test_stages_that_do_not_fit_before_the_deadline_are_not_run_time(tmp_path: P
     assert "s left before E2E_DEADLINE" in rec.row("RayJob SUCCEEDED").detail
 
 
-def test_the_setup_rows_are_walked_first_and_the_deadline_leaves_them_in(tmp_path: Path) -> None:
-    """The runner only walks the table: the four setup rows run through it, first, and as before this change
-    E2E_DEADLINE gates only the stages after them."""
-    rec, h = _run(tmp_path, only="first", deadline=0.0, clock=lambda: 1000.0)
+def test_the_setup_rows_are_walked_first(tmp_path: Path) -> None:
+    """The runner only walks the table: the four setup rows run through it, first."""
+    rec, h = _run(tmp_path, only="first")
     setup = [s.name for s in t.STAGES if s.group == t.SETUP]
-    assert h.called == setup and [s.name for s in rec.stages][:4] == setup
+    assert h.called[:4] == setup and [s.name for s in rec.stages][:4] == setup
     assert all(rec.row(n).result == PASS and rec.row(n).claim for n in setup)
-    assert rec.row("install").result == NOT_RUN and rec.row("install").detail.startswith("time:")
+
+
+def test_a_deadline_already_past_gates_the_setup_rows_too(tmp_path: Path) -> None:
+    """Before (issue #42): E2E_DEADLINE gated only the stages after the setup rows, so a deadline already past
+    still started the cluster, built the images and uploaded the inputs for nothing."""
+    rec, h = _run(tmp_path, only="first", deadline=0.0, clock=lambda: 1000.0)
+    assert h.called == []
+    asked = [s for s in rec.stages if s.group in (t.SETUP, t.FIRST)]
+    assert all(s.result == NOT_RUN and s.detail.startswith("time:") for s in asked), rec.table()
+    assert "no selected stage fits" in rec.row("cluster start").detail
+
+
+def test_setup_runs_when_a_selected_stage_still_fits(tmp_path: Path) -> None:
+    """The setup rows are left out only when no selected stage would fit after them (a cached image build takes
+    seconds: its typical 900 s does not gate it)."""
+    rec, h = _run(tmp_path, only="first", deadline=1000.0 + t.CLEANUP_RESERVE_S + 15, clock=lambda: 1000.0)
+    assert h.called == [*(s.name for s in t.STAGES if s.group == t.SETUP), "install"], rec.table()
 
 
 def test_a_stage_that_does_not_apply_gets_a_not_run_row_and_the_run_goes_on(tmp_path: Path) -> None:

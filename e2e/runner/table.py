@@ -98,8 +98,8 @@ STAGES: tuple[StageSpec, ...] = (
               "says to wait until it is gone, and after that wait the rollback works; the rolled-back RayJob "
               "resumes its run from a checkpoint and SUCCEEDS.", _f("day_two", "quick_rollback"),
               needs=("install",), typical_s=830),
-    StageSpec("uninstall", DAY2, "NOTES' `helm uninstall` leaves nothing of the release (RayJob, RayCluster, pods, "
-              "Services, ConfigMaps, Secret, ServiceAccount) within 120 s.", _f("day_two", "uninstall"),
+    StageSpec("uninstall", DAY2, "NOTES' `helm uninstall` leaves nothing of the release (every object its manifest "
+              "names, labelled or not, and the RayCluster and pods KubeRay made) within 120 s.", _f("day_two", "uninstall"),
               needs=("install",), typical_s=40),
     StageSpec("reinstall + lost worker", DAY2, "A reinstall is a fresh run; a worker pod deleted mid-training is "
               "replaced and the run resumes from a checkpoint (0 < resumed_from_step < max_steps) to SUCCEEDED, "

@@ -201,17 +201,14 @@ def quick_rollback(h: Harness) -> str:
 def uninstall(h: Harness) -> str:
     """NOTES' `helm uninstall` as printed; nothing of the release left within UNINSTALL_LIMIT_S."""
     command = notes_line(h, RELEASE, "uninstall")
+    named = h.release_objects(RELEASE, NAMESPACE)  # every object of the manifest, labelled or not
     t0 = time.monotonic()
     h.kube.run(as_printed(command), what="helm uninstall (the NOTES line)", timeout=UNINSTALL_LIMIT_S)
     if (NAMESPACE, RELEASE) in h.installed:
         h.installed.remove((NAMESPACE, RELEASE))
-    kinds = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
-    sel = f"app.kubernetes.io/instance={RELEASE}"
-    h.kube.wait_for(f"uninstall {RELEASE}: every object of the release gone",
-                    lambda: not h.kube.gone(NAMESPACE, sel, kinds), UNINSTALL_LIMIT_S - (time.monotonic() - t0),
-                    NAMESPACE)
-    return f"`{command}`: RayJob, RayCluster, pods, Services, ConfigMaps, Secret, ServiceAccount gone in " \
-           f"{time.monotonic() - t0:.1f} s"
+    h.wait_release_gone(RELEASE, NAMESPACE, named, UNINSTALL_LIMIT_S - (time.monotonic() - t0))
+    return (f"`{command}`: the {len(named)} objects of its manifest, its RayCluster and pods gone in "
+            f"{time.monotonic() - t0:.1f} s")
 
 
 def lost_worker(h: Harness) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from e2e.support.deadline import DEADLINE, OutOfTime
 from e2e.support.errors import StageError
-from e2e.support.kube import Kube
+from e2e.support.kube import Kube, manifest_refs
 from e2e.support.proc import run_child
 from e2e.support.record import Record
 from e2e.support.storage.run_storage import RunStorage
@@ -27,6 +27,8 @@ VALUES = ROOT / "values" / "e2e.yaml"
 MODEL_KEY = "inputs/tiny-gemma3"
 DATA_KEY = "inputs/sample-data"
 RUN_TIMEOUT_S = 900
+# what a release leaves besides its manifest's objects, found by its instance label (KubeRay's RayCluster and pods)
+RELEASE_KINDS = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
 
 
 def parse_ref(ref: str) -> tuple[str, str, str, str]:
@@ -210,19 +212,29 @@ class Harness:
     def uninstall(self, release: str, ns: str, timeout: float = 120) -> float:
         """helm uninstall, then wait until nothing of the release is left; the seconds it took."""
         t0 = time.monotonic()
+        named = self.release_objects(release, ns)
         self.kube.h("uninstall", release, "-n", ns, "--wait", "--timeout", f"{int(timeout)}s", timeout=timeout + 30,
                     what=f"helm uninstall {release}")
         if (ns, release) in self.installed:
             self.installed.remove((ns, release))
-        kinds = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
+        self.wait_release_gone(release, ns, named, max(1.0, timeout - (time.monotonic() - t0)))
+        return time.monotonic() - t0
+
+    def release_objects(self, release: str, ns: str) -> list[str]:
+        """Every object the release's manifest names (`helm get manifest`, read before an uninstall)."""
+        return manifest_refs(self.kube.h("get", "manifest", release, "-n", ns, timeout=60,
+                                         what=f"helm get manifest {release}").stdout)
+
+    def wait_release_gone(self, release: str, ns: str, named: list[str], timeout: float) -> list[str]:
+        """Until every object the manifest named and every object labelled as the release's (what KubeRay made:
+        its RayCluster, pods, Services, the submitter Job) is gone; a listing refused is a failure."""
         sel = f"app.kubernetes.io/instance={release}"
 
         def nothing_left() -> bool:
-            return not self.kube.gone(ns, sel, kinds)
+            return not (self.kube.present(ns, named) + self.kube.gone(ns, sel, RELEASE_KINDS))
 
-        self.kube.wait_for(f"uninstall {release}: every object of the release gone", nothing_left,
-                           max(1.0, timeout - (time.monotonic() - t0)), ns)
-        return time.monotonic() - t0
+        self.kube.wait_for(f"uninstall {release}: every object of the release gone", nothing_left, timeout, ns)
+        return named
 
     def cleanup(self) -> list[str]:
         """Uninstall what is left and delete the namespaces this run made; problems as sentences."""

@@ -29,6 +29,21 @@ def ended(status: dict[str, Any] | None) -> bool:
     return deployment in DEPLOYMENT_DONE or (st.get("jobStatus") in JOB_DONE and deployment == "Suspended")
 
 
+def manifest_refs(manifest: str) -> list[str]:
+    """Every object a release's manifest (`helm get manifest`) names, as kubectl names them: `kind.version.group/name`
+    (`configmap.v1./x` for the core group is written `configmap/x`)."""
+    import yaml
+
+    refs: list[str] = []
+    for doc in yaml.safe_load_all(manifest):
+        if not isinstance(doc, dict) or not doc.get("kind") or not (doc.get("metadata") or {}).get("name"):
+            continue
+        group, _, version = str(doc.get("apiVersion", "v1")).rpartition("/")
+        kind = doc["kind"].lower()
+        refs.append(f"{kind}.{version}.{group}/{doc['metadata']['name']}" if group else f"{kind}/{doc['metadata']['name']}")
+    return refs
+
+
 def stop_command(proc: subprocess.Popen) -> int | None:
     """Stop a kubectl command that does not end by itself (port-forward, logs -f, get -w): its own exit code if it
     had ended before, else None."""
@@ -184,10 +199,25 @@ class Kube:
                                  f"{self.diagnose(ns)}")
             time.sleep(2)
 
+    def present(self, ns: str, refs: list[str]) -> list[str]:
+        """Which of these objects (`resource.version.group/name`, as manifest_refs gives them) still exist; a listing
+        the cluster refuses is a StageError, never "gone"."""
+        if not refs:
+            return []
+        proc = self.k("-n", ns, "get", *refs, "--ignore-not-found", "-o", "name", check=False, timeout=60)
+        if proc.returncode != 0:
+            raise StageError(f"kubectl -n {ns} get {' '.join(refs[:4])} …: {proc.stderr.strip()[-400:]} (exit "
+                             f"{proc.returncode}): what is left cannot be known")
+        return [line for line in proc.stdout.split() if line]
+
     def gone(self, ns: str, selector: str, kinds: list[str]) -> list[str]:
-        """Objects of these kinds matching the selector that still exist (names as kind/name)."""
+        """Objects of these kinds matching the selector that still exist (names as kind/name); a listing the cluster
+        refuses (Forbidden, a 5xx) is a StageError, never "nothing"."""
         left: list[str] = []
         for kind in kinds:
             proc = self.k("-n", ns, "get", kind, "-l", selector, "-o", "name", check=False, timeout=60)
+            if proc.returncode != 0:
+                raise StageError(f"kubectl -n {ns} get {kind} -l {selector}: {proc.stderr.strip()[-400:]} (exit "
+                                 f"{proc.returncode}): what is left cannot be known")
             left += [line for line in proc.stdout.split() if line]
         return left

@@ -279,15 +279,20 @@ def finish(record: Record, why: str, table: tuple[StageSpec, ...] | None = None,
 
 
 def settle_notes(record: Record) -> None:
-    """Each NOTES line left to another stage: 'ran' when that stage passed, else 'not run' with that stage's row."""
+    """Each NOTES line left to another stage: 'ran' when that stage ran it (Record.notes_line_ran) and passed, else
+    'not run' with why (the stage's row, or that it passed without needing the line)."""
+    ran_by = record.facts.get("notes_lines_ran_by", [])
     for entry in record.facts.get("notes_commands", []):
         stage = entry.get("stage")
         if not stage:
             continue
         row = record.row(stage)
-        if row and row.result == PASS:
+        if row and row.result == PASS and stage in ran_by:
             entry["result"] = f"ran (stage {stage!r} passed)"
             entry.pop("why", None)
+        elif row and row.result == PASS:
+            entry["result"] = "not run"
+            entry["why"] = f"stage {stage!r} passed without running it ({row.detail.splitlines()[0][:160]})"
         else:
             entry["result"] = "not run"
             entry["why"] = f"stage {stage!r} " + (f"{row.result}: {row.detail.splitlines()[0][:160]}" if row and

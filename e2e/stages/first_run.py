@@ -228,6 +228,8 @@ def helm_test(h: Harness) -> str:
     printed = [ln.command for ln in nc.plan(notes) if ln.by == "helm test"]
     argv = as_printed(printed[0]) if printed else ["helm", "test", run.release, "-n", run.namespace]
     h.kube.run([*argv, "--timeout", "300s"], timeout=330, what="helm test")
+    if printed:
+        h.record.notes_line_ran("helm test")
     return f"{shlex.join(argv)} passed against {head}" + ("" if printed else " (NOTES print no helm test line)")
 
 
@@ -274,6 +276,7 @@ def _free_held(h: Harness, run: Run, argv: list[str], finalizers) -> str:
     if STAND_IN_FINALIZER not in held:
         raise StageError(f"{run.rayjob} is no longer held ({held}): the stage cannot show the line's case")
     h.kube.run(argv, what="the NOTES finalizer line", timeout=60)
+    h.record.notes_line_ran(nc.FINALIZER_STAGE)
     h.kube.wait_for(f"{run.rayjob} gone after the NOTES finalizer line",
                     lambda: h.kube.get("rayjob", run.rayjob, NAMESPACE) is None, 60, NAMESPACE)
     return (f"{run.rayjob} terminating since {stuck['metadata']['deletionTimestamp']}, held by {held}; "

@@ -106,6 +106,12 @@ class Record:
         with open(self.out_dir / "e2e.log", "a", encoding="utf-8") as f:
             f.write(traceback.format_exc())
 
+    def notes_line_ran(self, stage: str) -> None:
+        """The stage `stage` ran its NOTES line as printed (the ledger says "ran" for it only then)."""
+        ran = self.facts.setdefault("notes_lines_ran_by", [])
+        if stage not in ran:
+            ran.append(stage)
+
     def not_run(self, name: str, why: str, *, group: str = "", claim: str = "") -> None:
         """A row for a stage that did not run, with the reason (never a silent gap)."""
         if self.row(name) is not None:

@@ -284,11 +284,24 @@ def test_a_notes_line_left_to_a_stage_that_did_not_pass_is_not_run(tmp_path: Pat
     rec.facts["notes_commands"] = [{"command": "helm upgrade e2e <chart> …", "stage": "upgrade"},
                                    {"command": "helm rollback e2e <revision> …", "stage": "rollback"},
                                    {"command": "kubectl -n ns delete pod x --ignore-not-found", "result": "ran"}]
+    rec.notes_line_ran("upgrade")
     t.settle_notes(rec)
     up, back, plain = rec.facts["notes_commands"]
     assert up["result"] == "ran (stage 'upgrade' passed)"
     assert back["result"] == "not run" and back["why"] == "stage 'rollback' not run: skipped (--skip)"
     assert plain["result"] == "ran"
+
+
+def test_a_notes_line_its_stage_passed_without_running_is_not_run(tmp_path: Path) -> None:
+    """Before (issue #42): `kubectl wait --for=delete` was "ran" whenever `upgrade + rollback at once` passed, though
+    that stage runs it only when Helm refuses the immediate rollback."""
+    rec, _ = _run(tmp_path, only="first,day2")
+    rec.facts["notes_commands"] = [{"command": "kubectl -n ns wait --for=delete rayjob/<its-name> --timeout=300s",
+                                    "stage": "upgrade + rollback at once"}]
+    t.settle_notes(rec)
+    entry = rec.facts["notes_commands"][0]
+    assert entry["result"] == "not run", entry
+    assert entry["why"].startswith("stage 'upgrade + rollback at once' passed without running it")
 
 
 def test_after_a_failure_left_out_stages_keep_their_own_reason(tmp_path: Path) -> None:

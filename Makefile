@@ -84,6 +84,8 @@ test: setup  ## the test suite (offline; CPU)
 # no cluster parts. Without: the local cluster's packages and parts (e2e/README.md).
 e2e: tools venv  ## the chart on a real cluster: $$KUBECONFIG (E2E_VALUES, E2E_STORAGE_IMAGE), else a local one-node cluster of real parts
 	@if [ -n "$$KUBECONFIG" ]; then command -v ct >/dev/null || e2e/build/parts.sh build ct; \
+	elif [ "$$(id -u)" != 0 ] || [ "$$(uname -s)" != Linux ]; then \
+	  echo "make e2e: the local cluster needs root on Linux (containerd, the kubelet, iptables); set KUBECONFIG to run against another cluster" >&2; exit 2; \
 	else $(MAKE) --no-print-directory e2e-parts; fi
 	$(PY) -m e2e $(ARGS)
 

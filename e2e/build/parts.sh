@@ -14,8 +14,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # k8s.io/endpointslice v0.32.13 refused; v1.32.11: k8s.io/kms v0.32.11; v1.32.12: kubectl, cli-runtime).
 KUBE_VERSION=v1.32.9
 COREDNS_VERSION=v1.12.4
-# E2E_KUBERAY picks another KubeRay operator release (`E2E_KUBERAY=v1.6.2 make e2e`, what .ci/run runs: the
-# newest the module proxy here serves whole); each version is its own part in the cache, built from the
+# E2E_KUBERAY picks another KubeRay operator release (`E2E_KUBERAY=v1.6.1 make e2e`; .ci/run runs v1.7.0 when its
+# part is cached, else v1.6.1, the newest the module proxy here serves whole); each version is its own part in the cache, built from the
 # ray-operator module of that version. A version whose zip the proxy refuses (v1.7.0: 403 on 2026-12-02 and -03,
 # its .mod served) is built from its git tag with E2E_KUBERAY_GIT=<a clone of github.com/ray-project/kuberay>:
 # the tag's ray-operator folder becomes the module zip (e2e/build/module_zip.py) in a file:// proxy put before the

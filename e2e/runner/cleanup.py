@@ -1,10 +1,12 @@
 """The end of every `make e2e`, on every exit path: the run's releases, namespaces, cluster-scoped objects and
 storage removed (unless --keep), what is left named, the local cluster stopped, the table printed and
-summary.json written."""
+summary.json written with the run's result. Whatever goes wrong here is one of the record's errors (the run
+fails), never an exception that skips the summary."""
 
 from __future__ import annotations
 
 import shutil
+import time
 
 from e2e.stages.setup import CLUSTER_SH
 from e2e.support.errors import StageError
@@ -14,8 +16,27 @@ from e2e.support.session import Session
 from e2e.support.storage.run_storage import RunStorage
 
 
-def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool,
-             code: int) -> int:
+def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool) -> None:
+    """The clean-up, then the table and summary.json with the result (rec.verdict()); an exception here is an
+    error of the run, with its traceback in the log."""
+    t0 = time.time()
+    try:
+        problems = _cleanup(rec, harness, session, stack, keep)
+    except Exception as e:  # noqa: BLE001 - the summary is written whatever broke
+        rec.log_traceback()
+        problems = [f"{type(e).__name__}: {e} (a defect of the e2e harness; traceback in e2e.log)"]
+    rec.errors += [f"clean-up: {p}" for p in problems if not p.startswith("left: ")]
+    for p in problems:
+        rec.say(f"[e2e] cleanup: {p}")
+    rec.ended = True
+    if "deadline" in rec.facts:  # the bound e2e/README.md states, measured by every run
+        rec.facts["deadline"].update(cleanup_s=round(time.time() - t0, 1),
+                                     ended_past_s=round(time.time() - rec.facts["deadline"]["E2E_DEADLINE"], 1))
+    rec.say("\n" + rec.table())
+    rec.say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
+
+
+def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stack: list, keep: bool) -> list[str]:
     say = rec.say
     problems: list[str] = []
     objs: list = []
@@ -69,9 +90,5 @@ def cleanup(rec: Record, harness: Harness | None, session: Session | None, stack
                 problems.append(str(e))
         elif kind == "cluster":
             say(f"[e2e] --keep: the local cluster runs on; stop it with: e2e/cluster/cluster.sh stop {obj}")
-    for p in problems:
-        say(f"[e2e] cleanup: {p}")
-    say("\n" + rec.table())
-    say(f"[e2e] {rec.write()} (log: {OUT / 'e2e.log'})")
-    return 1 if (code == 0 and problems) else code
+    return problems
 

@@ -7,7 +7,10 @@ cluster), or E2E_BUCKET=gs://NAME[/prefix] (a real bucket the pods reach through
 writes under its own prefix there and deletes it at the end). Else the local one-node cluster of
 e2e/cluster/cluster.sh, started here and stopped on every exit path.
 Ends with a table of stages (time, pass/fail), what is left on the cluster (nothing), and writes it as
-JSON to e2e-output/summary.json. Exit 0 only when every stage passed.
+JSON to e2e-output/summary.json (written after every stage). Its result and the exit code agree: 0 pass (every
+selected stage passed, nothing left), 1 fail (a stage failed, an error, something left), 3 not run (a selected
+stage did not run: E2E_DEADLINE, or the cluster lacks what it needs), 128 + N after signal N (a fail), 2 refused
+before anything ran (a bad flag or variable, another run on this machine).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from e2e.runner.config import any_cluster_config, check_bucket
 from e2e.runner.table import DEFAULT_ONLY, SelectionError, deadline_from_env, finish, select, stop_reason
 from e2e.runner.table import run as run_stages
 from e2e.support import proc
+from e2e.support.deadline import CLEANUP_RESERVE_S
 from e2e.support.errors import StageError
 from e2e.support.harness import OUT, ROOT, Harness, Images, Setup
-from e2e.support.record import Record, say
+from e2e.support.record import EXIT, Record, say
 from e2e.support.session import Busy, take_lock
 from e2e.support.storage import bucket as storage_bucket
 
@@ -74,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(exist_ok=True)
     (OUT / "e2e.log").write_text("")
     rec = Record(OUT, say)
+    if deadline is not None:  # the stages' work stops CLEANUP_RESERVE_S before it (support/deadline.py)
+        rec.facts["deadline"] = {"E2E_DEADLINE": deadline, "stages_stop": deadline - CLEANUP_RESERVE_S}
     proc.install()  # ^C, SIGTERM, SIGHUP: the clean-up runs to its end
     stack: list = []  # what the clean-up undoes, in order (the setup stages add to it)
     harness: Harness | None = None
-    code = 1
-    error = ""
+    signum, error = 0, ""
     try:
         extra: list[Path] = []
         imgs, storage_image, bucket_storage = Images(), "", None
@@ -89,18 +94,25 @@ def main(argv: list[str] | None = None) -> int:
         harness = Harness(None, rec, None, imgs, OUT, extra_values=extra,  # type: ignore[arg-type]
                           setup=Setup(stack, storage_image, bucket_storage))
         run_stages(harness, rec, reasons, deadline=deadline)  # the setup rows first: the cluster, images, storage
-        code = 0 if rec.ok else 1
     except StageError as e:
         error = str(e)
+        if not rec.failed:  # a stage's own failure is its row; anything else is the run's error
+            rec.errors.append(f"error: {error.splitlines()[0][:300]}")
         say(f"[e2e] FAILED: {e}")
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", 2)
+        rec.errors.append(f"interrupted ({proc.signal.Signals(signum).name})")
         say(f"[e2e] interrupted ({proc.signal.Signals(signum).name}): cleaning up; it runs to its end")
-        code = 128 + signum
+    except Exception as e:  # noqa: BLE001 - a defect of the runner: one line here, its traceback in the log
+        rec.log_traceback()
+        error = f"{type(e).__name__}: {e}"
+        rec.errors.append(f"unexpected error (a defect of the e2e harness; traceback in e2e.log): {error}")
+        say(f"[e2e] FAILED: {error} (a defect of the e2e harness; traceback in {OUT / 'e2e.log'})")
     finally:
-        finish(rec, stop_reason(rec, code in (129, 130, 143), error), reasons=reasons)
         with proc.shielded(say):
+            finish(rec, stop_reason(rec, bool(signum), error), reasons=reasons)
             session = harness.session if harness is not None else None
-            code = cleanup(rec, harness if session is not None else None, session, stack, args.keep, code)
+            cleanup(rec, harness if session is not None else None, session, stack, args.keep)
         lock.close()
-    return code
+    result = rec.verdict()[0]
+    return 128 + signum if signum else EXIT[result]

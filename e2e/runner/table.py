@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from e2e.support.deadline import CLEANUP_RESERVE_S, DEADLINE, OutOfTime
 from e2e.support.errors import StageError
 from e2e.support.record import PASS, Record
 
@@ -97,8 +98,8 @@ STAGES: tuple[StageSpec, ...] = (
               "says to wait until it is gone, and after that wait the rollback works; the rolled-back RayJob "
               "resumes its run from a checkpoint and SUCCEEDS.", _f("day_two", "quick_rollback"),
               needs=("install",), typical_s=830),
-    StageSpec("uninstall", DAY2, "NOTES' `helm uninstall` leaves nothing of the release (RayJob, RayCluster, pods, "
-              "Services, ConfigMaps, Secret, ServiceAccount) within 120 s.", _f("day_two", "uninstall"),
+    StageSpec("uninstall", DAY2, "NOTES' `helm uninstall` leaves nothing of the release (every object its manifest "
+              "names, labelled or not, and the RayCluster and pods KubeRay made) within 120 s.", _f("day_two", "uninstall"),
               needs=("install",), typical_s=40),
     StageSpec("reinstall + lost worker", DAY2, "A reinstall is a fresh run; a worker pod deleted mid-training is "
               "replaced and the run resumes from a checkpoint (0 < resumed_from_step < max_steps) to SUCCEEDED, "
@@ -149,17 +150,18 @@ class SelectionError(ValueError):
     """--only/--skip name something the table has not, or leave a stage without what it needs."""
 
 
-def by_name(table: tuple[StageSpec, ...] = STAGES) -> dict[str, StageSpec]:
-    return {s.name: s for s in table}
+def by_name(table: tuple[StageSpec, ...] | None = None) -> dict[str, StageSpec]:
+    return {s.name: s for s in table or STAGES}
 
 
 def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def select(only: str, skip: str, table: tuple[StageSpec, ...] = STAGES) -> dict[str, str]:
+def select(only: str, skip: str, table: tuple[StageSpec, ...] | None = None) -> dict[str, str]:
     """The reason each stage will not run ('' for those that will) from --only and --skip, which name groups or
     stages; anything else is refused with one sentence listing the valid names."""
+    table = table or STAGES
     groups = [g for g in GROUPS if g != SETUP]
     stages = [s.name for s in table if s.group != SETUP]
 
@@ -207,41 +209,90 @@ def precondition(spec: StageSpec, record: Record, missing: dict[str, str]) -> st
     return ""
 
 
+def selected(reasons: dict[str, str], table: tuple[StageSpec, ...] | None = None) -> list[str]:
+    """The stages this run is asked to prove: those --only/--skip leave in (setup rows are not asked for), less
+    those needing a stage the selection leaves out (`--skip upgrade`: rollback cannot run, and was not asked to)."""
+    chosen: list[str] = []
+    for s in table or STAGES:
+        if s.group != SETUP and not reasons.get(s.name) and all(n in chosen for n in s.needs):
+            chosen.append(s.name)
+    return chosen
+
+
 def run(h: Any, record: Record, reasons: dict[str, str], *, deadline: float | None = None,
-        table: tuple[StageSpec, ...] = STAGES, clock: Callable[[], float] = time.time) -> None:
+        table: tuple[StageSpec, ...] | None = None, clock: Callable[[], float] = time.time) -> None:
     """Run the selected stages of the table in order, each in a row of the record; a StageError stops the run
-    (the rest are 'not run'). The setup rows come first and always run (E2E_DEADLINE leaves them in)."""
-    for spec in table:
-        kw = {"group": spec.group, "claim": spec.claim}
-        missing = getattr(h, "missing", {}) or {}  # read at each row: the preflight row fills it
-        why = reasons.get(spec.name, "") or precondition(spec, record, missing)
-        if not why and deadline is not None and spec.group != SETUP and clock() + spec.typical_s > deadline:
-            why = f"time: about {spec.typical_s} s needed, {max(0, deadline - clock()):.0f} s left before E2E_DEADLINE"
-        if why:
-            record.not_run(spec.name, why, **kw)
-            continue
-        with record.stage(spec.name, **kw) as st:
-            st.detail = spec.fn(h) or ""
+    (the rest are 'not run').
+
+    E2E_DEADLINE (`deadline`): the stages' work stops CLEANUP_RESERVE_S before it. A stage is left out ("not run:
+    time") when its typical time no longer fits; a setup row when no selected stage would fit after it; every wait
+    and command of a running stage is capped to the time left (support/deadline.py), and a stage the cap stops is
+    "not run: time", as is every row after it."""
+    table = table or STAGES
+    record.selected = selected(reasons, table)
+    stop = None if deadline is None else deadline - CLEANUP_RESERVE_S
+    out_of_time = ""
+    with DEADLINE.until(stop):
+        for spec in table:
+            kw = {"group": spec.group, "claim": spec.claim}
+            missing = getattr(h, "missing", {}) or {}  # read at each row: the preflight row fills it
+            why = reasons.get(spec.name, "") or out_of_time or _no_time(spec, record, table, stop, clock)
+            why = why or precondition(spec, record, missing)
+            if why:
+                record.not_run(spec.name, why, **kw)
+                if spec.group == SETUP and why.startswith("time:"):  # nothing after a setup row left out can run
+                    out_of_time = f"time: the setup row {spec.name!r} did not fit before E2E_DEADLINE"
+                continue
+            try:
+                with record.stage(spec.name, **kw) as st:
+                    st.detail = spec.fn(h) or ""
+            except OutOfTime as e:
+                out_of_time = f"time: E2E_DEADLINE came during {spec.name!r} ({str(e).splitlines()[0][:120]})"
 
 
-def finish(record: Record, why: str, table: tuple[StageSpec, ...] = STAGES, reasons: dict[str, str] | None = None) -> None:
+def _no_time(spec: StageSpec, record: Record, table: tuple[StageSpec, ...], stop: float | None,
+             clock: Callable[[], float]) -> str:
+    """'time: …' when the stage would not end before `stop` (E2E_DEADLINE less the clean-up's room), else ''. A
+    setup row: when no selected stage still to run would fit after it."""
+    if stop is None:
+        return ""
+    left = stop - clock()
+    if spec.group == SETUP:
+        rest = [s.typical_s for s in table if s.name in record.selected and record.row(s.name) is None]
+        if rest and left >= min(rest):
+            return ""
+        return (f"time: {max(0, left):.0f} s left before E2E_DEADLINE (less {CLEANUP_RESERVE_S:.0f} s for the "
+                f"clean-up), no selected stage fits (the shortest needs about {min(rest, default=0)} s)")
+    if left >= spec.typical_s:
+        return ""
+    return (f"time: about {spec.typical_s} s needed, {max(0, left):.0f} s left before E2E_DEADLINE (less "
+            f"{CLEANUP_RESERVE_S:.0f} s for the clean-up)")
+
+
+def finish(record: Record, why: str, table: tuple[StageSpec, ...] | None = None,
+           reasons: dict[str, str] | None = None) -> None:
     """A 'not run' row for every stage of the table that has none (after a failure or ^C): its own reason from
     --only/--skip when it has one, else `why`."""
-    for s in table:
+    for s in table or STAGES:
         record.not_run(s.name, (reasons or {}).get(s.name) or why, group=s.group, claim=s.claim)
     settle_notes(record)
 
 
 def settle_notes(record: Record) -> None:
-    """Each NOTES line left to another stage: 'ran' when that stage passed, else 'not run' with that stage's row."""
+    """Each NOTES line left to another stage: 'ran' when that stage ran it (Record.notes_line_ran) and passed, else
+    'not run' with why (the stage's row, or that it passed without needing the line)."""
+    ran_by = record.facts.get("notes_lines_ran_by", [])
     for entry in record.facts.get("notes_commands", []):
         stage = entry.get("stage")
         if not stage:
             continue
         row = record.row(stage)
-        if row and row.result == PASS:
+        if row and row.result == PASS and stage in ran_by:
             entry["result"] = f"ran (stage {stage!r} passed)"
             entry.pop("why", None)
+        elif row and row.result == PASS:
+            entry["result"] = "not run"
+            entry["why"] = f"stage {stage!r} passed without running it ({row.detail.splitlines()[0][:160]})"
         else:
             entry["result"] = "not run"
             entry["why"] = f"stage {stage!r} " + (f"{row.result}: {row.detail.splitlines()[0][:160]}" if row and
@@ -258,10 +309,10 @@ def stop_reason(record: Record, interrupted: bool, error: str = "") -> str:
     return f"stopped: {error.splitlines()[0][:200]}" if error else "stopped before it"
 
 
-def lifecycle_table(table: tuple[StageSpec, ...] = STAGES) -> str:
+def lifecycle_table(table: tuple[StageSpec, ...] | None = None) -> str:
     """The chart README's table of what `make e2e` proves: generated from STAGES (a test holds them equal)."""
     rows = ["| stage | group | what it proves |", "|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.group} | {s.claim} |" for s in table]
+    rows += [f"| `{s.name}` | {s.group} | {s.claim} |" for s in table or STAGES]
     return "\n".join(rows)
 
 

@@ -111,6 +111,7 @@ def upgrade(h: Harness) -> str:
         raise StageError(f"the NOTES upgrade line `{command}` sets no training.learning_rate")
     old_cluster = _cluster_of(h.kube.get("rayjob", first.rayjob, first.namespace) or {})
     h.kube.run(as_printed(command), what="helm upgrade (the NOTES line)", timeout=180)
+    h.record.notes_line_ran("upgrade")
     run = h.current_run(RELEASE, NAMESPACE)
     if run.rayjob == first.rayjob or run.run_name == first.run_name:
         raise StageError(f"helm upgrade kept RayJob {run.rayjob} / run {run.run_name}: a new revision must be a new run")
@@ -138,6 +139,7 @@ def rollback(h: Harness) -> str:
     steps_before = len(_train_steps(h, first))
     command = notes_line(h, RELEASE, "rollback")
     h.kube.run(as_printed(command, revision="1"), what="helm rollback (the NOTES line)", timeout=180)
+    h.record.notes_line_ran("rollback")
     run = h.current_run(RELEASE, NAMESPACE)
     if run.rayjob != first.rayjob or run.run_name != first.run_name:
         raise StageError(f"helm rollback 1 gave RayJob {run.rayjob} run {run.run_name}; want {first.rayjob} "
@@ -178,6 +180,7 @@ def quick_rollback(h: Harness) -> str:
                              f"{status[-800:]}")
         wait = as_printed(notes_line(h, RELEASE, QUICK_ROLLBACK_STAGE), its_name=run.rayjob)
         h.kube.run(wait, what="the NOTES wait line", timeout=330)
+        h.record.notes_line_ran(QUICK_ROLLBACK_STAGE)  # only on this path: an immediate rollback needs no wait
         h.kube.h("rollback", RELEASE, str(target), "-n", NAMESPACE, timeout=180, what="helm rollback after the wait")
         outcome = (f"Helm refused at once ({said.splitlines()[-1][:160]}); `gemma3-ray status` said "
                    f"{wait_line[0].strip()[:160] if wait_line else '(the RayJob was already gone)'}; after "
@@ -203,17 +206,15 @@ def quick_rollback(h: Harness) -> str:
 def uninstall(h: Harness) -> str:
     """NOTES' `helm uninstall` as printed; nothing of the release left within UNINSTALL_LIMIT_S."""
     command = notes_line(h, RELEASE, "uninstall")
+    named = h.release_objects(RELEASE, NAMESPACE)  # every object of the manifest, labelled or not
     t0 = time.monotonic()
     h.kube.run(as_printed(command), what="helm uninstall (the NOTES line)", timeout=UNINSTALL_LIMIT_S)
+    h.record.notes_line_ran("uninstall")
     if (NAMESPACE, RELEASE) in h.installed:
         h.installed.remove((NAMESPACE, RELEASE))
-    kinds = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
-    sel = f"app.kubernetes.io/instance={RELEASE}"
-    h.kube.wait_for(f"uninstall {RELEASE}: every object of the release gone",
-                    lambda: not h.kube.gone(NAMESPACE, sel, kinds), UNINSTALL_LIMIT_S - (time.monotonic() - t0),
-                    NAMESPACE)
-    return f"`{command}`: RayJob, RayCluster, pods, Services, ConfigMaps, Secret, ServiceAccount gone in " \
-           f"{time.monotonic() - t0:.1f} s"
+    h.wait_release_gone(RELEASE, NAMESPACE, named, UNINSTALL_LIMIT_S - (time.monotonic() - t0))
+    return (f"`{command}`: the {len(named)} objects of its manifest, its RayCluster and pods gone in "
+            f"{time.monotonic() - t0:.1f} s")
 
 
 def lost_worker(h: Harness) -> str:

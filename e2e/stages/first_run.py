@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any
 
 from e2e.support import notes_check as nc
+from e2e.support.deadline import DEADLINE
 from e2e.support.errors import StageError
 from e2e.support.harness import CHART, Harness, Run
 from e2e.support.kube import stop_command
@@ -37,11 +38,12 @@ NO_SUCH_QUEUE = "e2e-no-such-queue"  # a queue label nobody admits: the RayJob s
 def _stream(h: Harness, argv: list[str], done, seconds: float) -> tuple[str, int | None]:
     """Run a command that may not end by itself (-w, -f) until done(output) or `seconds`; output and exit code
     (None: still running when stopped)."""
+    limit = DEADLINE.cap(seconds, shlex.join(argv[:4]))
     proc = subprocess.Popen(argv, env=h.kube.environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     got = ""
     rc: int | None = None
     try:
-        deadline = time.monotonic() + seconds
+        deadline = time.monotonic() + limit
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         while time.monotonic() < deadline and not done(got):
@@ -54,6 +56,9 @@ def _stream(h: Harness, argv: list[str], done, seconds: float) -> tuple[str, int
     finally:
         rc = stop_command(proc)
     h.kube._log(f"$ {shlex.join(argv)}\n{got[-2000:]}\n# exit {rc if rc is not None else '(stopped)'}")
+    cut = DEADLINE.expired(shlex.join(argv[:4]), limit, seconds)
+    if rc is None and cut and not done(got):  # E2E_DEADLINE stopped it, not its own limit
+        raise cut
     return got, rc
 
 
@@ -223,6 +228,8 @@ def helm_test(h: Harness) -> str:
     printed = [ln.command for ln in nc.plan(notes) if ln.by == "helm test"]
     argv = as_printed(printed[0]) if printed else ["helm", "test", run.release, "-n", run.namespace]
     h.kube.run([*argv, "--timeout", "300s"], timeout=330, what="helm test")
+    if printed:
+        h.record.notes_line_ran("helm test")
     return f"{shlex.join(argv)} passed against {head}" + ("" if printed else " (NOTES print no helm test line)")
 
 
@@ -269,6 +276,7 @@ def _free_held(h: Harness, run: Run, argv: list[str], finalizers) -> str:
     if STAND_IN_FINALIZER not in held:
         raise StageError(f"{run.rayjob} is no longer held ({held}): the stage cannot show the line's case")
     h.kube.run(argv, what="the NOTES finalizer line", timeout=60)
+    h.record.notes_line_ran(nc.FINALIZER_STAGE)
     h.kube.wait_for(f"{run.rayjob} gone after the NOTES finalizer line",
                     lambda: h.kube.get("rayjob", run.rayjob, NAMESPACE) is None, 60, NAMESPACE)
     return (f"{run.rayjob} terminating since {stuck['metadata']['deletionTimestamp']}, held by {held}; "

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.support.deadline import DEADLINE, OutOfTime
 from e2e.support.errors import StageError
-from e2e.support.kube import Kube
+from e2e.support.kube import Kube, manifest_refs
 from e2e.support.proc import run_child
 from e2e.support.record import Record
 from e2e.support.storage.run_storage import RunStorage
@@ -26,6 +27,8 @@ VALUES = ROOT / "values" / "e2e.yaml"
 MODEL_KEY = "inputs/tiny-gemma3"
 DATA_KEY = "inputs/sample-data"
 RUN_TIMEOUT_S = 900
+# what a release leaves besides its manifest's objects, found by its instance label (KubeRay's RayCluster and pods)
+RELEASE_KINDS = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
 
 
 def parse_ref(ref: str) -> tuple[str, str, str, str]:
@@ -189,6 +192,8 @@ class Harness:
     def wait_run(self, run: Run, *, timeout: float = RUN_TIMEOUT_S) -> dict[str, Any]:
         try:
             return self.kube.wait_rayjob(run.namespace, run.rayjob, timeout)
+        except OutOfTime:
+            raise
         except StageError as e:
             why = self.storage.health()  # a failed run may be the storage's failure: say so first
             if why:
@@ -214,19 +219,29 @@ class Harness:
     def uninstall(self, release: str, ns: str, timeout: float = 120) -> float:
         """helm uninstall, then wait until nothing of the release is left; the seconds it took."""
         t0 = time.monotonic()
+        named = self.release_objects(release, ns)
         self.kube.h("uninstall", release, "-n", ns, "--wait", "--timeout", f"{int(timeout)}s", timeout=timeout + 30,
                     what=f"helm uninstall {release}")
         if (ns, release) in self.installed:
             self.installed.remove((ns, release))
-        kinds = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
+        self.wait_release_gone(release, ns, named, max(1.0, timeout - (time.monotonic() - t0)))
+        return time.monotonic() - t0
+
+    def release_objects(self, release: str, ns: str) -> list[str]:
+        """Every object the release's manifest names (`helm get manifest`, read before an uninstall)."""
+        return manifest_refs(self.kube.h("get", "manifest", release, "-n", ns, timeout=60,
+                                         what=f"helm get manifest {release}").stdout)
+
+    def wait_release_gone(self, release: str, ns: str, named: list[str], timeout: float) -> list[str]:
+        """Until every object the manifest named and every object labelled as the release's (what KubeRay made:
+        its RayCluster, pods, Services, the submitter Job) is gone; a listing refused is a failure."""
         sel = f"app.kubernetes.io/instance={release}"
 
         def nothing_left() -> bool:
-            return not self.kube.gone(ns, sel, kinds)
+            return not (self.kube.present(ns, named) + self.kube.gone(ns, sel, RELEASE_KINDS))
 
-        self.kube.wait_for(f"uninstall {release}: every object of the release gone", nothing_left,
-                           max(1.0, timeout - (time.monotonic() - t0)), ns)
-        return time.monotonic() - t0
+        self.kube.wait_for(f"uninstall {release}: every object of the release gone", nothing_left, timeout, ns)
+        return named
 
     def cleanup(self) -> list[str]:
         """Uninstall what is left and delete the namespaces this run made; problems as sentences."""
@@ -243,13 +258,16 @@ class Harness:
 
 
 def run_script(argv: list[str], log: Path, timeout: float, what: str, env: dict[str, str] | None = None) -> str:
-    """A project script (e2e/cluster/cluster.sh, e2e/build/image.sh): its stdout; on failure its last lines, as a StageError."""
+    """A project script (e2e/cluster/cluster.sh, e2e/build/image.sh): its stdout; on failure its last lines, as a
+    StageError. Its timeout is capped to E2E_DEADLINE (none during the clean-up)."""
+    limit = DEADLINE.cap(timeout, what)
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"$ {shlex.join(argv)}\n")
     try:  # a signal reaches the script, which finishes its clean-up (e2e/support/proc.py)
-        proc = run_child(argv, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+        proc = run_child(argv, timeout=limit, cwd=ROOT, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as e:
-        raise StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s") from e
+        raise (DEADLINE.expired(f"{what}: `{shlex.join(argv)}`", limit, timeout) or
+               StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s")) from e
     with open(log, "a", encoding="utf-8") as f:
         f.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.support.deadline import DEADLINE
 from e2e.support.errors import StageError
 
 # RayJob states (KubeRay v1.5 `status.jobStatus`, `status.jobDeploymentStatus`): KubeRay's own terminal
@@ -26,6 +27,21 @@ def ended(status: dict[str, Any] | None) -> bool:
     st = status or {}
     deployment = st.get("jobDeploymentStatus")
     return deployment in DEPLOYMENT_DONE or (st.get("jobStatus") in JOB_DONE and deployment == "Suspended")
+
+
+def manifest_refs(manifest: str) -> list[str]:
+    """Every object a release's manifest (`helm get manifest`) names, as kubectl names them: `kind.version.group/name`
+    (`configmap.v1./x` for the core group is written `configmap/x`)."""
+    import yaml
+
+    refs: list[str] = []
+    for doc in yaml.safe_load_all(manifest):
+        if not isinstance(doc, dict) or not doc.get("kind") or not (doc.get("metadata") or {}).get("name"):
+            continue
+        group, _, version = str(doc.get("apiVersion", "v1")).rpartition("/")
+        kind = doc["kind"].lower()
+        refs.append(f"{kind}.{version}.{group}/{doc['metadata']['name']}" if group else f"{kind}/{doc['metadata']['name']}")
+    return refs
 
 
 def stop_command(proc: subprocess.Popen) -> int | None:
@@ -62,13 +78,17 @@ class Kube:
 
     def run(self, argv: list[str], *, check: bool = True, timeout: float = 300, input_text: str | None = None,
             what: str = "") -> subprocess.CompletedProcess[str]:
-        """Run a command; on failure (check) raise StageError with its own last lines."""
+        """Run a command (its timeout capped to E2E_DEADLINE); on failure (check) raise StageError with its own last
+        lines."""
+        limit = DEADLINE.cap(timeout, what or argv[0])
         self._log(f"$ {shlex.join(argv)}")
         try:
-            proc = subprocess.run(argv, env=self.environ(), capture_output=True, text=True, timeout=timeout,
+            proc = subprocess.run(argv, env=self.environ(), capture_output=True, text=True, timeout=limit,
                                   input=input_text)
         except subprocess.TimeoutExpired as e:
-            raise StageError(f"{what or argv[0]}: `{shlex.join(argv[:6])} …` did not finish in {timeout:.0f} s") from e
+            cut = DEADLINE.expired(f"{what or argv[0]}: `{shlex.join(argv[:6])} …`", limit, timeout)
+            raise cut or StageError(f"{what or argv[0]}: `{shlex.join(argv[:6])} …` did not finish in "
+                                    f"{timeout:.0f} s") from e
         except FileNotFoundError as e:  # the tool itself (checked at the start; gone since, or a stage's own)
             raise StageError(f"{what or argv[0]}: {argv[0]} not found (is it installed and on PATH?)") from e
         self._log(proc.stdout + proc.stderr)
@@ -130,13 +150,18 @@ class Kube:
     # ------------------------------------------------------------------ waits
     def wait_for(self, what: str, probe: Callable[[], Any], timeout: float, ns: str | None = None,
                  interval: float = 2.0) -> Any:
-        """Poll probe() until it returns a truthy value; on timeout raise with the namespace's diagnostics."""
-        deadline = time.monotonic() + timeout
+        """Poll probe() until it returns a truthy value (at most `timeout` s, capped to E2E_DEADLINE); on timeout
+        raise with the namespace's diagnostics."""
+        limit = DEADLINE.cap(timeout, what)
+        deadline = time.monotonic() + limit
         while True:
             got = probe()
             if got:
                 return got
             if time.monotonic() > deadline:
+                cut = DEADLINE.expired(what, limit, timeout)
+                if cut:
+                    raise cut
                 extra = f"\n{self.diagnose(ns)}" if ns else ""
                 raise StageError(f"{what}: not reached in {timeout:.0f} s{extra}")
             time.sleep(interval)
@@ -147,7 +172,8 @@ class Kube:
         No check hangs on a state a poll may miss (a short RUNNING): a stage that needs the live cluster
         waits for its pods, which outlive the job by rayJob.ttlSecondsAfterFinished.
         """
-        deadline = time.monotonic() + timeout
+        limit = DEADLINE.cap(timeout, f"RayJob {ns}/{name}: {want}")
+        deadline = time.monotonic() + limit
         last = ""
         while True:
             job = self.get("rayjob", name, ns)
@@ -166,14 +192,32 @@ class Kube:
                     f"message {st.get('message', '-')!r}\n{self.diagnose(ns)}\n"
                     f"submitter log tail:\n{self.pod_log_tail(ns, f'job-name={name}')}")
             if time.monotonic() > deadline:
+                cut = DEADLINE.expired(f"RayJob {ns}/{name} still {state} (want {want})", limit, timeout)
+                if cut:
+                    raise cut
                 raise StageError(f"RayJob {ns}/{name} still {state} after {timeout:.0f} s (want {want})\n"
                                  f"{self.diagnose(ns)}")
             time.sleep(2)
 
+    def present(self, ns: str, refs: list[str]) -> list[str]:
+        """Which of these objects (`resource.version.group/name`, as manifest_refs gives them) still exist; a listing
+        the cluster refuses is a StageError, never "gone"."""
+        if not refs:
+            return []
+        proc = self.k("-n", ns, "get", *refs, "--ignore-not-found", "-o", "name", check=False, timeout=60)
+        if proc.returncode != 0:
+            raise StageError(f"kubectl -n {ns} get {' '.join(refs[:4])} …: {proc.stderr.strip()[-400:]} (exit "
+                             f"{proc.returncode}): what is left cannot be known")
+        return [line for line in proc.stdout.split() if line]
+
     def gone(self, ns: str, selector: str, kinds: list[str]) -> list[str]:
-        """Objects of these kinds matching the selector that still exist (names as kind/name)."""
+        """Objects of these kinds matching the selector that still exist (names as kind/name); a listing the cluster
+        refuses (Forbidden, a 5xx) is a StageError, never "nothing"."""
         left: list[str] = []
         for kind in kinds:
             proc = self.k("-n", ns, "get", kind, "-l", selector, "-o", "name", check=False, timeout=60)
+            if proc.returncode != 0:
+                raise StageError(f"kubectl -n {ns} get {kind} -l {selector}: {proc.stderr.strip()[-400:]} (exit "
+                                 f"{proc.returncode}): what is left cannot be known")
             left += [line for line in proc.stdout.split() if line]
         return left

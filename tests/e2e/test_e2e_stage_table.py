@@ -52,6 +52,7 @@ def _run(tmp_path: Path, only: str = "", skip: str = "", fail: str = "", missing
         t.run(h, rec, t.select(only, skip, table), deadline=deadline, table=table,
               **({"clock": clock} if clock else {}))
     t.finish(rec, t.stop_reason(rec, False), table, reasons=t.select(only, skip, table))
+    rec.ended = True  # the clean-up's part (e2e/runner/cleanup.py): the run has ended, nothing left
     return rec, h
 
 
@@ -153,7 +154,8 @@ def test_what_the_cluster_lacks_makes_its_stages_not_run_with_why(tmp_path: Path
             assert rec.row(s.name).result == NOT_RUN, s.name
             assert "the cluster has no kueue (Kueue's CRDs are not served)" in rec.row(s.name).detail
     assert rec.row("elastic").result == PASS
-    assert rec.ok
+    result, why = rec.verdict()  # day2 asked for the Kueue stages: the run proved less than it was asked to
+    assert result == NOT_RUN and "kueue setup (precondition unmet: the cluster has no kueue" in why, why
 
 
 def test_stages_that_do_not_fit_before_the_deadline_are_not_run_time(tmp_path: Path) -> None:
@@ -170,14 +172,29 @@ def test_stages_that_do_not_fit_before_the_deadline_are_not_run_time(tmp_path: P
     assert "s left before E2E_DEADLINE" in rec.row("RayJob SUCCEEDED").detail
 
 
-def test_the_setup_rows_are_walked_first_and_the_deadline_leaves_them_in(tmp_path: Path) -> None:
-    """The runner only walks the table: the four setup rows run through it, first, and as before this change
-    E2E_DEADLINE gates only the stages after them."""
-    rec, h = _run(tmp_path, only="first", deadline=0.0, clock=lambda: 1000.0)
+def test_the_setup_rows_are_walked_first(tmp_path: Path) -> None:
+    """The runner only walks the table: the four setup rows run through it, first."""
+    rec, h = _run(tmp_path, only="first")
     setup = [s.name for s in t.STAGES if s.group == t.SETUP]
-    assert h.called == setup and [s.name for s in rec.stages][:4] == setup
+    assert h.called[:4] == setup and [s.name for s in rec.stages][:4] == setup
     assert all(rec.row(n).result == PASS and rec.row(n).claim for n in setup)
-    assert rec.row("install").result == NOT_RUN and rec.row("install").detail.startswith("time:")
+
+
+def test_a_deadline_already_past_gates_the_setup_rows_too(tmp_path: Path) -> None:
+    """Before (issue #42): E2E_DEADLINE gated only the stages after the setup rows, so a deadline already past
+    still started the cluster, built the images and uploaded the inputs for nothing."""
+    rec, h = _run(tmp_path, only="first", deadline=0.0, clock=lambda: 1000.0)
+    assert h.called == []
+    asked = [s for s in rec.stages if s.group in (t.SETUP, t.FIRST)]
+    assert all(s.result == NOT_RUN and s.detail.startswith("time:") for s in asked), rec.table()
+    assert "no selected stage fits" in rec.row("cluster start").detail
+
+
+def test_setup_runs_when_a_selected_stage_still_fits(tmp_path: Path) -> None:
+    """The setup rows are left out only when no selected stage would fit after them (a cached image build takes
+    seconds: its typical 900 s does not gate it)."""
+    rec, h = _run(tmp_path, only="first", deadline=1000.0 + t.CLEANUP_RESERVE_S + 15, clock=lambda: 1000.0)
+    assert h.called == [*(s.name for s in t.STAGES if s.group == t.SETUP), "install"], rec.table()
 
 
 def test_a_stage_that_does_not_apply_gets_a_not_run_row_and_the_run_goes_on(tmp_path: Path) -> None:
@@ -189,7 +206,8 @@ def test_a_stage_that_does_not_apply_gets_a_not_run_row_and_the_run_goes_on(tmp_
     t.run(h, rec, t.select("first", "", table), table=table)
     row = rec.row("cluster start")
     assert (row.result, row.detail, row.seconds) == (NOT_RUN, "KUBECONFIG is set: its cluster is used", 0.0)
-    assert rec.row("install").result == PASS and rec.ok
+    rec.ended = True
+    assert rec.row("install").result == PASS and rec.ok, "a setup row not run is not a stage the run was asked for"
 
 
 def test_with_kubeconfig_the_setup_functions_take_that_cluster_and_their_rows_say_not_run(
@@ -266,11 +284,24 @@ def test_a_notes_line_left_to_a_stage_that_did_not_pass_is_not_run(tmp_path: Pat
     rec.facts["notes_commands"] = [{"command": "helm upgrade e2e <chart> …", "stage": "upgrade"},
                                    {"command": "helm rollback e2e <revision> …", "stage": "rollback"},
                                    {"command": "kubectl -n ns delete pod x --ignore-not-found", "result": "ran"}]
+    rec.notes_line_ran("upgrade")
     t.settle_notes(rec)
     up, back, plain = rec.facts["notes_commands"]
     assert up["result"] == "ran (stage 'upgrade' passed)"
     assert back["result"] == "not run" and back["why"] == "stage 'rollback' not run: skipped (--skip)"
     assert plain["result"] == "ran"
+
+
+def test_a_notes_line_its_stage_passed_without_running_is_not_run(tmp_path: Path) -> None:
+    """Before (issue #42): `kubectl wait --for=delete` was "ran" whenever `upgrade + rollback at once` passed, though
+    that stage runs it only when Helm refuses the immediate rollback."""
+    rec, _ = _run(tmp_path, only="first,day2")
+    rec.facts["notes_commands"] = [{"command": "kubectl -n ns wait --for=delete rayjob/<its-name> --timeout=300s",
+                                    "stage": "upgrade + rollback at once"}]
+    t.settle_notes(rec)
+    entry = rec.facts["notes_commands"][0]
+    assert entry["result"] == "not run", entry
+    assert entry["why"].startswith("stage 'upgrade + rollback at once' passed without running it")
 
 
 def test_after_a_failure_left_out_stages_keep_their_own_reason(tmp_path: Path) -> None:

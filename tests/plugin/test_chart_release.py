@@ -85,6 +85,8 @@ BAD = {
     "appVersion": (["--registry", "oci://registry.invalid/c"], "Chart.yaml appVersion '2.1.0' is not the Ray version "
                    "the trainer pins"),
     "version": (["--registry", "oci://registry.invalid/c"], "Chart.yaml version '1.0' is not SemVer"),
+    "unbumped": (["--registry", "oci://registry.invalid/c"], "was recorded with other contents (the chart's templates, "
+                 "schema, values or trainer changed): bump `version` in Chart.yaml"),
 }
 
 
@@ -93,7 +95,9 @@ def test_bad_input_is_one_sentence_before_anything_is_written(case: str, no_helm
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     argv, said = BAD[case]
     fields = {"appVersion": '"2.1.0"'} if case == "appVersion" else {"version": "1.0"} if case == "version" else {}
-    chart = _chart_copy(tmp_path, **fields) if fields else CHART
+    chart = _chart_copy(tmp_path, **fields) if fields or case == "unbumped" else CHART
+    if case == "unbumped":  # a template changed, the version not bumped
+        (chart / "templates" / "NOTES.txt").write_text((chart / "templates" / "NOTES.txt").read_text() + "\nplanted\n")
     dest = tmp_path / "out"
     rc, out, err = _release([*argv, "--chart", str(chart), "--destination", str(dest), "--apply"], capsys)
     assert rc == 2 and out == "", (out, err)

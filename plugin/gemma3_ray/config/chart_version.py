@@ -5,7 +5,9 @@ The rule `gemma3-ray release` checks before it packages anything (charts/gemma3-
 - ``version`` is SemVer 2 (``MAJOR.MINOR.PATCH[-PRE][+BUILD]``, what Helm and OCI tags accept);
 - ``appVersion`` equals the Ray version of the trainer the chart ships: the ``ray[...]==X`` pin of
   ``files/trainer/requirements.txt``, the one source of the images' tags and the RayCluster's ``rayVersion``
-  (the trainer has no version string of its own; what it runs on is that pin).
+  (the trainer has no version string of its own; what it runs on is that pin);
+- CHANGELOG.md has an entry for ``version`` whose recorded content digest is the chart's (``chart_digest``):
+  templates, schema, values or trainer changed since that version was recorded means a new version.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
+from gemma3_ray.config import chart_digest
 from gemma3_ray.utils.errors import EXIT_USAGE, UserError
 from gemma3_ray.utils.tokens import shown
 
@@ -73,4 +76,18 @@ def check(chart: Path) -> ChartMeta:
     if meta.app_version != ray:
         raise ChartVersionError(f"Chart.yaml appVersion {meta.app_version!r} is not the Ray version the trainer pins "
                                 f"({ray}, files/trainer/requirements.txt): set `appVersion: \"{ray}\"` in Chart.yaml.")
+    check_recorded(chart, meta.version)
     return meta
+
+
+def check_recorded(chart: Path, version: str) -> None:
+    """CHANGELOG.md records this version's content digest, and it is the chart's; else one sentence."""
+    record = chart_digest.recorded(chart)
+    if version not in record:
+        raise ChartVersionError(f"{chart_digest.CHANGELOG} has no entry for version {version}: add "
+                                f"`## [{version}] - YYYY-MM-DD` saying what changed, then run `{chart_digest.WRITE}`.")
+    if record[version] != chart_digest.content_digest(chart):
+        what = "records no content digest" if record[version] is None else "was recorded with other contents"
+        raise ChartVersionError(f"Chart version {version} {what} (the chart's templates, schema, values or trainer "
+                                "changed): bump `version` in Chart.yaml, add a CHANGELOG.md entry for it and run "
+                                f"`{chart_digest.WRITE}`.")

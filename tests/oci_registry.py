@@ -1,4 +1,4 @@
-"""A real OCI registry for a test, and a throwaway GnuPG signing key: what `gemma3-ray release` pushes to and signs with.
+"""A real OCI registry for a test (its signing key: e2e/support/signing_key.py): what `gemma3-ray release` pushes to and signs with.
 
 The registry is distribution's `registry` (the e2e's part, built once by `e2e/build/parts.sh build registry` into
 the parts cache), serving plain HTTP on a free 127.0.0.1 port with its blobs in the test's own folder, stopped on
@@ -16,7 +16,6 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -79,28 +78,3 @@ def running(folder: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-
-
-@dataclass(frozen=True)
-class Key:
-    name: str
-    secring: Path  # legacy secret keyring (what `helm package --sign --keyring` reads)
-    pubring: Path  # the public key (what `helm verify --keyring` reads)
-
-
-def throwaway_key(folder: Path, name: str = "gemma3-ray release test") -> Key:
-    """A fresh RSA key without passphrase in its own GNUPGHOME, exported as the keyrings Helm reads."""
-    home = folder / "gnupg"
-    home.mkdir(mode=0o700, parents=True)
-    env = {**os.environ, "GNUPGHOME": str(home)}
-    params = (f"%no-protection\nKey-Type: RSA\nKey-Length: 2048\nName-Real: {name}\n"
-              "Name-Email: release-test@example.invalid\nExpire-Date: 0\n%commit\n")
-    subprocess.run(["gpg", "--batch", "--gen-key"], input=params, text=True, env=env, check=True,
-                   capture_output=True, timeout=120)
-    key = Key(name, folder / "secring.gpg", folder / "pubring.gpg")
-    for flag, path in (("--export-secret-keys", key.secring), ("--export", key.pubring)):
-        path.write_bytes(subprocess.run(["gpg", "--batch", flag], env=env, check=True, capture_output=True,
-                                        timeout=60).stdout)
-    # gpg-agent was started for this GNUPGHOME: stop it (a process the test started)
-    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, capture_output=True, timeout=30, check=False)
-    return key

@@ -3,7 +3,7 @@
 The errors (``errors``), the record of a run (``record``: rows, the printed table, summary.json),
 kubectl and helm (``kube``), processes and signals (``proc``), the Harness a stage is given
 (``harness``), the run's id, lock and leftovers (``session``), what the cluster offers (``preflight``,
-``versions``), the NOTES commands' kinds (``notes_check``), and the run's storage (``storage/``: the
+``versions``), the NOTES commands' kinds (``notes_check``), a throwaway chart-signing key (``signing_key``), and the run's storage (``storage/``: the
 emulator in the cluster or a real bucket).
 
 May import: nothing

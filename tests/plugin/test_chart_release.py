@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from gemma3_ray import cli
 
-from tests.oci_registry import Key, free_port, running, throwaway_key
+from e2e.support.signing_key import Key, throwaway_key
+from tests.oci_registry import free_port, running
 from tests.plugin.conftest import ROOT
 
 CHART = ROOT / "charts" / "gemma3-ray"

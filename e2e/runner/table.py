@@ -145,8 +145,8 @@ STAGES: tuple[StageSpec, ...] = (
     # ------------------------------------------------------------------------------------------ release (opt-in)
     StageSpec("release: install by digest", RELEASE, "`gemma3-ray release --apply` packages the chart (signed by a "
               "throwaway GnuPG key when gpg is here) and pushes it to a real OCI registry (e2e/cluster/registry.sh); "
-              "`helm install oci://…@sha256:…` of the digest it printed (`--verify` against the key) creates the "
-              "release's RayJob.", _f("release", "installed_by_digest"), typical_s=40),
+              "`helm pull --verify` checks its provenance and digest, and `helm install oci://…@sha256:…` of the "
+              "digest it printed creates the release's RayJob.", _f("release", "installed_by_digest"), typical_s=40),
     StageSpec("release: SUCCEEDED", RELEASE, "The RayJob of the chart installed from the registry reaches SUCCEEDED, "
               "as the directory install does.", _f("release", "succeeded"), needs=("release: install by digest",),
               typical_s=240),

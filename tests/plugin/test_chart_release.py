@@ -138,21 +138,27 @@ def test_apply_signs_pushes_and_prints_a_digest_that_verifies(helm_name: str, ke
         digest = re.search(r"^Digest: (sha256:[0-9a-f]{64})$", out, re.MULTILINE).group(1)  # type: ignore[union-attr]
         assert digest == _manifest_digest(host, "team/charts/gemma3-ray", VERSION)
         ref = f"oci://{host}/team/charts/gemma3-ray@{digest}"
-        assert f"  helm install gemma3-ray {ref} --plain-http --verify --keyring PUBRING.gpg" in out
+        assert f"  helm install gemma3-ray {ref} --plain-http\n" in out
+        chart = f"oci://{host}/team/charts/gemma3-ray"
+        assert f"  helm pull {chart} --version {VERSION} --plain-http --verify --keyring PUBRING.gpg\n" in out
         tgz = dest / f"gemma3-ray-{VERSION}.tgz"
         verified = subprocess.run([helm, "verify", str(tgz), "--keyring", str(key.pubring)], capture_output=True,
                                   text=True, timeout=60)
         assert verified.returncode == 0 and f"Signed by: {key.name}" in verified.stdout, verified.stderr
-        # What a consuming team runs: the chart pulled by digest, checked against the pushed provenance.
-        pulled = subprocess.run([helm, "pull", ref, "--plain-http", "--verify", "--keyring", str(key.pubring), "-d",
-                                 str(tmp_path / "pulled")], capture_output=True, text=True, timeout=120)
-        assert pulled.returncode == 0, pulled.stderr
+        # What a consuming team runs, as printed: the provenance checked by version, its Digest the pinned one ...
+        (tmp_path / "pulled").mkdir()
+        pull = ["pull", chart, "--version", VERSION, "--plain-http", "--verify", "-d", str(tmp_path / "pulled")]
+        pulled = subprocess.run([helm, *pull, "--keyring", str(key.pubring)], capture_output=True, text=True, timeout=120)
+        assert pulled.returncode == 0 and f"Digest: {digest}" in pulled.stdout + pulled.stderr, pulled.stderr
         assert (tmp_path / "pulled" / tgz.name).read_bytes() == tgz.read_bytes()
-        # ... and refused against a key that did not sign it (the verification can fail).
+        # ... refused against a key that did not sign it (the verification can fail) ...
         other = throwaway_key(tmp_path / "other", "someone else")
-        refused = subprocess.run([helm, "pull", ref, "--plain-http", "--verify", "--keyring", str(other.pubring), "-d",
-                                  str(tmp_path / "refused")], capture_output=True, text=True, timeout=120)
-        assert refused.returncode != 0
+        refused = subprocess.run([helm, *pull, "--keyring", str(other.pubring)], capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode != 0, refused.stdout
+        # ... and the digest reference that `helm install` takes names that same chart.
+        shown = subprocess.run([helm, "show", "chart", ref, "--plain-http"], capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 0 and f"version: {VERSION}" in shown.stdout, shown.stderr
 
 
 def test_a_failed_push_reports_no_digest(key: Key, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

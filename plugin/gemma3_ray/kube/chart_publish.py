@@ -36,10 +36,17 @@ class Pushed:
     package: Path | None  # the .tgz kept with --destination, else None (it was in a folder now removed)
 
 
-def install_line(ref: str, plain_http: bool, signed: bool) -> str:
-    """The `helm install` a team runs: the chart pinned by digest (verified against its provenance when signed)."""
-    extra = (" --plain-http" if plain_http else "") + (" --verify --keyring PUBRING.gpg" if signed else "")
-    return f"helm install gemma3-ray {ref}{extra}"
+# Helm 3.17 and 4.1 cannot --verify a digest reference: the download is named after the digest, which the
+# provenance's file name (NAME-VERSION.tgz) is not (helm/helm#32546). So provenance is checked by version, and
+# the Digest that pull prints must be the pinned one.
+def install_line(ref: str, plain_http: bool) -> str:
+    """The `helm install` a team runs: the chart pinned by digest."""
+    return f"helm install gemma3-ray {ref}{' --plain-http' if plain_http else ''}"
+
+
+def verify_line(chart: str, version: str, plain_http: bool) -> str:
+    """The `helm pull --verify` that checks the provenance (by version: see above); it prints the Digest."""
+    return f"helm pull {chart} --version {version}{' --plain-http' if plain_http else ''} --verify --keyring PUBRING.gpg"
 
 
 def run(flags: Flags, out: Out) -> Pushed | None:
@@ -69,5 +76,9 @@ def run(flags: Flags, out: Out) -> Pushed | None:
     out(f"pushed {target}:{meta.version}")
     out(f"Digest: {digest}")
     out("Install it by digest:")
-    out(f"  {install_line(pushed.ref, flags.plain_http, sign is not None)}")
+    out(f"  {install_line(pushed.ref, flags.plain_http)}")
+    if sign:
+        out("Verify its provenance (the Digest it prints must be the one above; Helm cannot --verify a digest "
+            "reference, helm/helm#32546):")
+        out(f"  {verify_line(target, meta.version, flags.plain_http)}")
     return pushed

@@ -24,8 +24,8 @@ from e2e.support.deadline import CLEANUP_RESERVE_S, DEADLINE, OutOfTime
 from e2e.support.errors import StageError
 from e2e.support.record import PASS, Record
 
-SETUP, FIRST, CT, DAY2 = "setup", "first", "ct", "day2"
-GROUPS = (SETUP, FIRST, CT, DAY2)
+SETUP, FIRST, CT, DAY2, RELEASE = "setup", "first", "ct", "day2", "release"
+GROUPS = (SETUP, FIRST, CT, DAY2, RELEASE)
 DEFAULT_ONLY = f"{FIRST},{CT}"
 
 
@@ -143,6 +143,14 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("streaming", DAY2, "A dataset three times a worker pod's ephemeral-storage limit, sharded into the "
               "bucket by `gemma3-ray data shard`, trains with training.streaming to SUCCEEDED, its summary showing "
               "every row of the epoch trained once.", _f("streaming", "streamed"), typical_s=600),
+    # ------------------------------------------------------------------------------------------ release (opt-in)
+    StageSpec("release: install by digest", RELEASE, "`gemma3-ray release --apply` packages the chart (signed by a "
+              "throwaway GnuPG key when gpg is here) and pushes it to a real OCI registry (e2e/cluster/registry.sh); "
+              "`helm pull --verify` checks its provenance and digest, and `helm install oci://…@sha256:…` of the "
+              "digest it printed creates the release's RayJob.", _f("release", "installed_by_digest"), typical_s=40),
+    StageSpec("release: SUCCEEDED", RELEASE, "The RayJob of the chart installed from the registry reaches SUCCEEDED, "
+              "as the directory install does.", _f("release", "succeeded"), needs=("release: install by digest",),
+              typical_s=240),
 )
 
 

@@ -3,8 +3,8 @@
 The errors (``errors``), the record of a run (``record``: rows, the printed table, summary.json),
 kubectl and helm (``kube``), processes and signals (``proc``), the Harness a stage is given
 (``harness``), the run's id, lock and leftovers (``session``), its Lease (``lease``), the nodes it may
-change and puts back (``nodes``), what the cluster offers (``preflight``,
-``versions``), the NOTES commands' kinds (``notes_check``), and the run's storage (``storage/``: the
+change and puts back (``nodes``), what the cluster offers (``preflight``, ``versions``), the NOTES commands'
+kinds (``notes_check``), a throwaway chart-signing key (``signing_key``), and the run's storage (``storage/``: the
 emulator in the cluster or a real bucket).
 
 May import: nothing

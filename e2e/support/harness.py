@@ -166,9 +166,11 @@ class Harness:
         return [VALUES, *self.extra_values]
 
     def helm_install(self, release: str, ns: str, *, sets: dict[str, str | int | float | bool] | None = None,
-                     values: list[Path] | None = None, upgrade: bool = False, extra: list[str] | None = None) -> Run:
-        """helm install (or upgrade) the chart with values/e2e.yaml; the revision's RayJob and run."""
-        args = ["upgrade" if upgrade else "install", release, str(CHART), "-n", ns]
+                     values: list[Path] | None = None, upgrade: bool = False, extra: list[str] | None = None,
+                     chart: str = "") -> Run:
+        """helm install (or upgrade) the chart (the directory, or ``chart``: an oci:// reference) with
+        values/e2e.yaml; the revision's RayJob and run."""
+        args = ["upgrade" if upgrade else "install", release, chart or str(CHART), "-n", ns]
         for v in [*self.values_files(), *(values or [])]:
             args += ["-f", str(v)]
         args += set_args({**self.base_sets(release), **(sets or {})})

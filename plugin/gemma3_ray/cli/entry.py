@@ -102,13 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_more(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The commands that talk to Google Cloud and the cluster (defined in their own modules)."""
-    from gemma3_ray.cli import cluster_commands, data_command, kueue_command, release_commands, report_command
+    from gemma3_ray.cli import (
+        chart_release_command,
+        cluster_commands,
+        data_command,
+        kueue_command,
+        release_commands,
+        report_command,
+    )
 
     release_commands.register(sub, common.add_common)
     cluster_commands.register(sub, common.add_common)
     report_command.register(sub, common.add_common)
     kueue_command.register(sub)
     data_command.register(sub)
+    chart_release_command.register(sub)
 
 
 def main(argv: Sequence[str] | None = None, clients: Clients | None = None) -> int:

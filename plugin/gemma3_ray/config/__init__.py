@@ -5,7 +5,8 @@ Owns: the gcloud configuration read from its files (``gcloud_state``), the kube 
 API call here reads a ``--reservation`` through the client it is given), the ``Deployment`` resolved
 from flags > kube context > gcloud configuration (``deployment``), the lazily made clients, Google
 Cloud's and the cluster's (``clients``: its ``Kube`` is the one place a Kubernetes connection is made,
-once per command), and the chart's values file (``render``).
+once per command), the chart's values file (``render``) and its release rule: version, appVersion
+(``chart_version``) and the content digest each version records in CHANGELOG.md (``chart_digest``).
 
 May import: utils.
 """

@@ -44,8 +44,11 @@ unsloth() {
   "$PY" -m pip download -q --no-deps "${TARGET[@]}" -d "$work/wheels" "${UNSLOTH_PINS[@]}"
   mkdir -p "$work/site"
   for w in "$work"/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$work/site"; done
+  # Unsloth's wheel carries Unsloth Studio (82 MiB of a web app and docs) that `import unsloth` never reads; without
+  # it the archive fits one call beside the bundle
+  rm -rf "$work/site/studio"
   mkdir -p .bench
-  tar cJf .bench/unsloth-site.tar.xz.tmp -C "$work/site" . && mv .bench/unsloth-site.tar.xz.tmp .bench/unsloth-site.tar.xz
+  XZ_OPT=${XZ_OPT:--2 -T0} tar cJf .bench/unsloth-site.tar.xz.tmp -C "$work/site" . && mv .bench/unsloth-site.tar.xz.tmp .bench/unsloth-site.tar.xz
   echo "[archives] .bench/unsloth-site.tar.xz: $(du -h .bench/unsloth-site.tar.xz | cut -f1) (${UNSLOTH_PINS[*]})"
 }
 

@@ -46,6 +46,13 @@ class FakeSession:
         self.deadline_in_cleanup.append(self.deadline.at)
         return list(self._left)
 
+    def cluster_objects(self) -> list:
+        return []
+
+    def close(self, release: bool) -> list[str]:  # the Lease's end (e2e/support/session.py): nothing to put back
+        self.closed = release
+        return []
+
 
 @pytest.fixture
 def drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

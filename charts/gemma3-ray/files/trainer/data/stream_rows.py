@@ -19,6 +19,10 @@ STAGE_BATCH_ROWS = 16
 # A shard read waits on the network more than it computes: a quarter CPU each, so reads still run where the
 # training workers and the CPU stage hold every whole CPU.
 READ_CPUS = 0.25
+# A WebDataset sample's image is whichever of these members it has (Ray Data's reader gives each extension its own
+# column, NaN or None where a sample lacks it); `data shard` writes png/jpg/gif/bmp/webp, `img` for bytes it does
+# not know (decoded here: corrupt_image if they are not an image) and `missing` (empty) for a row without one.
+IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff", "img")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -27,8 +31,8 @@ READ_CPUS = 0.25
 def canonical_row(raw: dict[str, Any], mapping: dict[str, str], shard_format: str, image_column: str) -> dict[str, Any]:
     """A shard's row as the job's fields (image, answer, the prompt's placeholders) plus its row id."""
     if shard_format == "webdataset":
-        meta = json.loads(raw.get("json") or b"{}")
-        data = next((raw[k] for k in raw if k not in ("json", "__key__", "__url__") and raw.get(k)), None)
+        meta = json.loads(_bytes(raw.get("json")) or b"{}")
+        data = next((_bytes(raw[k]) for k in raw if k.lower() in IMAGE_MEMBERS and _bytes(raw[k])), None)
         meta[image_column] = {"bytes": data, "path": meta.get(f"{image_column}_path")}
         raw = meta
     row = {f: raw.get(c) for f, c in mapping.items()}
@@ -36,10 +40,21 @@ def canonical_row(raw: dict[str, Any], mapping: dict[str, str], shard_format: st
     return row
 
 
+def _bytes(value: Any) -> bytes | None:
+    """A member's bytes, or None for what Ray Data puts where a sample lacks the member (NaN, None) or an empty one."""
+    return bytes(value) if isinstance(value, bytes | bytearray) and value else None
+
+
+def shard_image(value: Any) -> bytes | None:
+    """A row's image bytes as its shard holds them ({bytes, path} or bytes); None is missing_image. Never read from
+    the path: `data shard` put every image it found into the shard, and a path is the source's, not the worker's."""
+    return _bytes(value.get("bytes")) if isinstance(value, dict) else _bytes(value)
+
+
 def check_row(row: dict[str, Any], encoder, max_seq_length: int):
     """(problem, None) for a bad row, with the scan's reasons in the scan's order; else (None, (ids, labels,
     RGB image))."""
-    from trainer.data.dataset import BadImage, decode_image, image_bytes
+    from trainer.data.dataset import BadImage, decode_image
 
     answer = row.get(ANSWER_FIELD)
     if not isinstance(answer, str) or not answer.strip():
@@ -49,7 +64,7 @@ def check_row(row: dict[str, Any], encoder, max_seq_length: int):
             return "empty_prompt_field", None
     if encoder.image_marker_in(row):
         return "image_token_in_text", None
-    data = image_bytes(row.get(IMAGE_FIELD), ".", None)
+    data = shard_image(row.get(IMAGE_FIELD))
     if data is None:
         return "missing_image", None
     try:

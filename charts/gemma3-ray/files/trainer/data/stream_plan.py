@@ -34,7 +34,7 @@ class StreamPlan:
     global_batch: int
     seed: int
     window: int
-    epochs: int  # how many epochs the stream holds (the Trainer stops at max_steps)
+    epochs: int | None  # how many epochs the stream holds; None: as many as max_steps takes (the Trainer stops)
 
     @property
     def first_eval_row(self) -> int:
@@ -66,9 +66,9 @@ class StreamPlan:
 
 def plan_stream(args: TrainArguments, shards: ShardSet) -> StreamPlan:
     eval_rows = math.ceil(shards.rows * args.eval_fraction) if args.eval_fraction > 0 else 0
-    plan = StreamPlan(shards, eval_rows, args.global_batch_size, args.seed, args.streaming_shuffle_window, 1)
-    epochs = math.ceil(args.max_steps / max(plan.steps_per_epoch(), 1)) + 1 if args.max_steps > 0 else \
-        math.ceil(args.num_train_epochs)
+    # max_steps: epochs until the Trainer stops, however many rows turn out bad (the file path's epochs of its good
+    # rows); else the epochs asked for (fewer steps than the manifest's rows plan when rows turn out bad).
+    epochs = None if args.max_steps > 0 else math.ceil(args.num_train_epochs)
     return StreamPlan(shards, eval_rows, args.global_batch_size, args.seed, args.streaming_shuffle_window, epochs)
 
 

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from trainer.data.stream_plan import StreamPlan, pack_rows, unpack_rows
-from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments
+from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError
 from trainer.job.shard_manifest import ROW_ID
 
 SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
@@ -146,7 +146,9 @@ def bad_row_stop(error: BaseException) -> str | None:
 
 def stream_stop(error: BaseException, decoders: int) -> str | None:
     """One sentence for an error of the stream that retrying cannot fix (a bad row under bad_rows=fail, the CPU
-    stage finding no CPU), or None."""
+    stage finding no CPU, an epoch with too few usable rows: a UsageError), or None."""
+    if isinstance(error, UsageError):
+        return str(error)
     sentence = bad_row_stop(error)
     if sentence is not None:
         return sentence

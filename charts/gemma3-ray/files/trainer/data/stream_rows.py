@@ -144,9 +144,10 @@ def bad_row_stop(error: BaseException) -> str | None:
     return None
 
 
-def stream_stop(error: BaseException, decoders: int) -> str | None:
+def stream_stop(error: BaseException, decoders: int, shards: dict[str, Any] | None = None) -> str | None:
     """One sentence for an error of the stream that retrying cannot fix (a bad row under bad_rows=fail, the CPU
-    stage finding no CPU, an epoch with too few usable rows: a UsageError), or None."""
+    stage finding no CPU, an epoch with too few usable rows: a UsageError; with the run's checked `shards`, a shard
+    deleted, replaced or no longer readable since the driver checked it), or None."""
     if isinstance(error, UsageError):
         return str(error)
     sentence = bad_row_stop(error)
@@ -156,6 +157,12 @@ def stream_stop(error: BaseException, decoders: int) -> str | None:
         return (f"the streaming CPU stage's {decoders} actor(s) (1 CPU each) found no free CPU on the training "
                 f"workers' nodes in {STAGE_START_TIMEOUT_S} s: give the worker pods training.streaming_decoders CPUs "
                 f"beyond their training workers' (workers.resources), or lower training.streaming_decoders")
+    if shards is not None:
+        from trainer.job.shard_manifest import changed_shard
+
+        changed = changed_shard(shards)
+        if changed is not None:
+            return f"{changed}; it changed while the run read it, so the run stops (every retry would fail the same way)"
     return None
 
 

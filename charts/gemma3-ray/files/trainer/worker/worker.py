@@ -135,7 +135,7 @@ def _train(config: dict[str, Any], args: TrainArguments, storage: Storage, rank:
         except Exception as e:  # the stream met what no retry fixes: one sentence, no retry, no traceback
             from trainer.data.stream_rows import stream_stop
 
-            sentence = stream_stop(e, args.streaming_decoders)
+            sentence = stream_stop(e, args.streaming_decoders, config.get("stream"))
             if sentence is None:
                 raise
             storage.write_bytes(USAGE_ERROR_FILE, sentence.encode())

@@ -68,3 +68,30 @@ def test_a_shard_deleted_mid_run_stops_the_stream_with_one_sentence(processor, r
                     f"delete it and manifest.json, then run `gemma3-ray data shard SOURCE --to {shards_dir} --apply` "
                     "with the same source and flags; it changed while the run read it, so the run stops (every retry "
                     "would fail the same way)"), said
+
+
+@pytest.mark.parametrize("cpus, held, decoders, said", [
+    # RAY_ADDRESS=local on a 2-core machine: one CPU training worker, the default two decoders
+    ({"n1": 2.0}, {"n1": 1.0}, 2, "the streaming CPU stage's 2 decoder(s) need 1 CPU each on the training workers' "
+     "nodes beyond the training workers' 1 CPU(s), and those nodes have 2 CPU(s): room for 1 decoder(s); use "
+     "--streaming_decoders=1 (chart: training.streaming_decoders), or give the workers' nodes more CPUs"),
+    ({"n1": 1.0}, {"n1": 1.0}, 1, "the streaming CPU stage's 1 decoder(s) need 1 CPU each on the training workers' "
+     "nodes beyond the training workers' 1 CPU(s), and those nodes have 1 CPU(s): room for none; give the workers' "
+     "nodes more CPUs, or use fewer training workers per node"),
+    # half a CPU free on each of two nodes: one CPU in all, but no whole CPU for a decoder on any node
+    ({"n1": 9.0, "n2": 9.0}, {"n1": 8.5, "n2": 8.5}, 2, "the streaming CPU stage's 2 decoder(s) need 1 CPU each on "
+     "the training workers' nodes beyond the training workers' 17 CPU(s), and those nodes have 18 CPU(s): room for "
+     "none; give the workers' nodes more CPUs, or use fewer training workers per node"),
+])
+def test_decoders_that_cannot_be_placed_are_one_sentence_before_the_first_step(cpus, held, decoders, said) -> None:
+    assert stream_rows.placement_problem(decoders, cpus, held) == said
+    assert stream_rows.placement_problem(decoders, cpus, {n: 0.0 for n in cpus}) is None
+
+
+def test_the_cpus_of_the_training_workers_nodes_come_from_ray(ray_cluster) -> None:
+    import ray
+
+    from tests.trainer.conftest import RAY_CPUS
+
+    here = ray.get_runtime_context().get_node_id()
+    assert stream_rows.node_cpus([here]) == {here: float(RAY_CPUS)}

@@ -166,6 +166,34 @@ def stream_stop(error: BaseException, decoders: int, shards: dict[str, Any] | No
     return None
 
 
+def node_cpus(node_ids: list[str]) -> dict[str, float]:
+    """{node id: its CPUs} of the live nodes among `node_ids` (Ray's view of the cluster)."""
+    import ray
+
+    wanted = set(node_ids)
+    return {n["NodeID"]: float(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes()
+            if n.get("Alive") and n["NodeID"] in wanted}
+
+
+def placement_problem(decoders: int, cpus: dict[str, float], held: dict[str, float]) -> str | None:
+    """One sentence when the CPU stage's `decoders` actors (1 CPU each, on the training workers' nodes only) cannot
+    all be placed: `cpus` per node, `held` the CPUs the training workers hold there. Known before the first step;
+    Ray Data would wait for them (STAGE_START_TIMEOUT_S) instead. None when they fit (other tasks may still hold
+    those CPUs: then the timeout's sentence)."""
+    import math
+
+    room = sum(math.floor(cpus[n] - held.get(n, 0.0) + 1e-9) for n in cpus)
+    if room >= decoders:
+        return None
+    said = (f"the streaming CPU stage's {decoders} decoder(s) need 1 CPU each on the training workers' nodes beyond "
+            f"the training workers' {sum(held.values()):g} CPU(s), and those nodes have {sum(cpus.values()):g} "
+            "CPU(s): ")
+    if room > 0:
+        return (said + f"room for {room} decoder(s); use --streaming_decoders={room} (chart: "
+                "training.streaming_decoders), or give the workers' nodes more CPUs")
+    return said + "room for none; give the workers' nodes more CPUs, or use fewer training workers per node"
+
+
 def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments, mapping: dict[str, str],
                   storage, exclude: set[int], decoders: int, node_ids: list[str] | None = None):
     """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order. With `node_ids`, the

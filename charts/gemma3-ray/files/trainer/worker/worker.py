@@ -190,11 +190,21 @@ def stream_setup(config: dict[str, Any], storage: Storage, resume, rank: int, wo
                   flush=True)
     import ray
 
+    from trainer.data.stream_rows import node_cpus, placement_problem
+
+    here = ray.get_runtime_context()
+    placed = gather((here.get_node_id(), float(here.get_assigned_resources().get("CPU", 0))))
+    node_ids = [node for node, _ in placed]  # the CPU stage's nodes
+    held: dict[str, float] = {}
+    for node, cpus in placed:
+        held[node] = held.get(node, 0.0) + cpus
+    problem = placement_problem(args.streaming_decoders, node_cpus(node_ids), held)  # the same on every rank
+    if problem:
+        raise UsageError(problem)
     return StreamSetup(shards=config["stream"], storage=storage, rank=rank, world_size=world_size,
                        broadcast=broadcast_from_rank_zero, gather=gather, state=state, start_step=resume.step or 0,
                        decoders=args.streaming_decoders,
-                       object_store_bytes=int(args.streaming_object_store_gib * 2**30) or None,
-                       node_ids=gather(ray.get_runtime_context().get_node_id()))  # the CPU stage's nodes
+                       object_store_bytes=int(args.streaming_object_store_gib * 2**30) or None, node_ids=node_ids)
 
 
 def stream_summary(trainer, storage: Storage, stats: dict[str, Any], args: TrainArguments) -> dict[str, Any]:

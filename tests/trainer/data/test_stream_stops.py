@@ -95,3 +95,14 @@ def test_the_cpus_of_the_training_workers_nodes_come_from_ray(ray_cluster) -> No
 
     here = ray.get_runtime_context().get_node_id()
     assert stream_rows.node_cpus([here]) == {here: float(RAY_CPUS)}
+
+
+@pytest.mark.parametrize("raw, why", [(None, "it has none"), (b'{"format": 1, "epoch": 0, "ro', "it is torn or not one")])
+def test_a_checkpoint_without_a_usable_stream_state_is_one_sentence_not_a_restart_at_epoch_0(raw, why) -> None:
+    with pytest.raises(UsageError) as err:
+        stream_plan.resume_state(raw, "gs://b/runs/r/checkpoint_000002")
+    said = str(err.value)
+    assert said.startswith("checkpoint gs://b/runs/r/checkpoint_000002 cannot resume the stream: "
+                           f"{stream_plan.STATE_FILE} ({why}) ") and "\n" not in said and "--run_name" in said
+    state = stream_plan.StreamState(1, 4, {3, 5})
+    assert stream_plan.resume_state(state.to_json({3, 5}, 8, 6), "x").rows == {3, 5}

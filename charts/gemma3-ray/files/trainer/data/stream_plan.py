@@ -12,7 +12,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
-from trainer.job.flags import TrainArguments
+from trainer.job.flags import TrainArguments, UsageError
 from trainer.job.shard_manifest import ShardSet
 
 STATE_FILE = "stream_state.json"  # in each checkpoint: the epoch and the rows it has trained
@@ -115,3 +115,16 @@ class StreamState:
             return cls(int(obj["epoch"]), int(obj["epoch_start_step"]), rows, len(rows))
         except (ValueError, KeyError, TypeError, zlib.error):
             return None
+
+
+def resume_state(raw: bytes | None, checkpoint: str) -> StreamState:
+    """The stream state of the checkpoint a run resumes from (`raw`: its STATE_FILE's bytes, None when absent), or one
+    sentence: without it the epoch's trained rows are unknown, and starting the stream again at epoch 0 under a
+    model trained to the checkpoint's step would train rows twice while the summary states the no-twice rule."""
+    state = StreamState.from_json(raw)
+    if state is not None:
+        return state
+    why = "it has none" if raw is None else "it is torn or not one"
+    raise UsageError(f"checkpoint {checkpoint} cannot resume the stream: {STATE_FILE} ({why}) holds the epoch's "
+                     "trained rows; start a new run (another --run_name), or delete that checkpoint to resume from "
+                     "the one before it")

@@ -176,18 +176,15 @@ def stream_setup(config: dict[str, Any], storage: Storage, resume, rank: int, wo
     collectives, and where the newest checkpoint's stream state says to go on."""
     from ray.train.collective import broadcast_from_rank_zero
 
-    from trainer.data.stream_plan import STATE_FILE, StreamState
+    from trainer.data.stream_plan import STATE_FILE, resume_state
     from trainer.data.streaming import StreamSetup
     from trainer.worker.metrics import gather
 
     args = TrainArguments(**config["args"])
     state = None
-    if resume.directory:
+    if resume.directory:  # a missing or torn state is one sentence on every rank, never a restart at epoch 0
         path = Path(resume.directory) / STATE_FILE
-        state = StreamState.from_json(path.read_bytes() if path.is_file() else None)
-        if state is None and rank == 0:
-            print(f"[stream] checkpoint {resume.uri} has no usable {STATE_FILE}: the stream starts at epoch 0",
-                  flush=True)
+        state = resume_state(path.read_bytes() if path.is_file() else None, resume.uri or str(resume.directory))
     import ray
 
     from trainer.data.stream_rows import node_cpus, placement_problem

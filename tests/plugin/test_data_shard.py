@@ -216,3 +216,22 @@ def test_a_bad_shard_size_is_one_sentence(tmp_path, capsys):
     src = _source(tmp_path, 2)
     assert cli.main(["data", "shard", str(src), "--to", TO, "--shard-size", "lots"]) == 2
     assert "--shard-size 'lots': give a size such as 256MB" in capsys.readouterr().err
+
+
+def test_a_jsonl_is_typed_from_every_line_and_drift_is_one_sentence(tmp_path, capsys):
+    """A column whose type changes after line 1 was an ArrowInvalid 'internal error … this is a bug' mid-write;
+    int and float mix as double, a null takes the column's type; string after a number is refused before a write."""
+    (tmp_path / "a.png").write_bytes(_png(1))
+    rows = [{"image": "a.png", "description": "d0", "price": 3, "note": None},
+            {"image": "a.png", "description": "d1", "price": 3.5, "note": "n"}]
+    (tmp_path / "ok.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli.main(["data", "shard", str(tmp_path / "ok.jsonl"), "--to", str(tmp_path / "ok"), "--apply"]) == 0
+    assert pq.read_table(tmp_path / "ok" / "shard-00000.parquet").column("price").to_pylist() == [3.0, 3.5]
+    capsys.readouterr()
+    rows.append({"image": "a.png", "description": "d2", "price": "n/a"})
+    (tmp_path / "drift.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc = cli.main(["data", "shard", str(tmp_path / "drift.jsonl"), "--to", str(tmp_path / "drift"), "--apply"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.endswith(f"{tmp_path / 'drift.jsonl'}: column 'price' is double on line 2 and string "
+                                    "on line 3; give a column one type on every line"), err
+    assert "\n" not in err and not (tmp_path / "drift").exists()

@@ -135,7 +135,7 @@ def _file_source(name: str, files: list[str], image_column: str, read_file: Call
 
 def _file_schema(path: str, kind: str, read_file: Callable[[str], bytes | None],
                  opener: Callable[[str], Any] | None) -> tuple[dict[str, str], int | None]:
-    """({column: type}, rows) of one file: parquet from its footer, jsonl from its first line (rows counted)."""
+    """({column: type}, rows) of one file: parquet from its footer, jsonl from every line (rows counted)."""
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -145,13 +145,30 @@ def _file_schema(path: str, kind: str, read_file: Callable[[str], bytes | None],
     lines = [line for line in raw.splitlines() if line.strip()]
     if not lines:
         return {}, 0
-    try:
-        first = json.loads(lines[0])
-    except json.JSONDecodeError as e:
-        raise SourceError(f"{path}: line 1 is not JSON ({e.msg})") from e
-    if not isinstance(first, dict):
-        raise SourceError(f"{path}: line 1 is not a JSON object")
-    return {k: _json_type(v) for k, v in first.items()}, len(lines)
+    return _jsonl_schema(path, lines), len(lines)
+
+
+def _jsonl_schema(path: str, lines: list[str]) -> dict[str, str]:
+    """{column: type} over every line (a column's first appearance sets its place): int and float mix as double, a
+    null takes the column's type; any other mix is one sentence naming the column and both lines (it would end the
+    write part way, in pyarrow)."""
+    types: dict[str, str] = {}
+    since: dict[str, int] = {}
+    for number, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SourceError(f"{path}: line {number} is not JSON ({e.msg})") from e
+        if not isinstance(obj, dict):
+            raise SourceError(f"{path}: line {number} is not a JSON object")
+        for key, value in obj.items():
+            kind, old = _json_type(value), types.get(key)
+            if old in (None, "null") or (old, kind) == ("int64", "double"):
+                types[key], since[key] = kind, number
+            elif kind not in ("null", old) and (old, kind) != ("double", "int64"):
+                raise SourceError(f"{path}: column {key!r} is {old} on line {since[key]} and {kind} on line {number}; "
+                                  "give a column one type on every line")
+    return types
 
 
 def _json_type(value: Any) -> str:

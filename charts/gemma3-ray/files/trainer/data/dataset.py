@@ -18,7 +18,7 @@ from typing import Any
 from trainer.data.encoding import LABEL_IGNORE, SampleEncoder
 from trainer.data.scan_store import ScanGroup, scan_key, shared_scan
 from trainer.job.dataset_check import DATA_SUFFIXES, check_schema, data_files, gcs, is_file_source
-from trainer.job.epochs import rows_per_epoch
+from trainer.job.epochs import no_usable_rows, rows_per_epoch
 from trainer.job.flag_values import column_mapping
 from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError
 from trainer.job.node_cache import copy_data_files, node_lock, read_object
@@ -257,7 +257,7 @@ def clean_rows(ds, encoder: SampleEncoder, args: TrainArguments, image_base: str
         raise UsageError(f"row {row}: {problem}{hint}; --bad_rows=skip would skip such rows")
     keep = result.keep()
     if not keep:
-        raise UsageError(f"no usable rows in {args.dataset_name} (skipped: {result.counts()})")
+        raise no_usable_rows(args.dataset_name, result.counts())
     skipped: dict[str, list[int]] = {}
     for row, reason in sorted(result.skipped.items()):
         skipped.setdefault(reason, []).append(row)

@@ -12,7 +12,7 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
-from trainer.job.flags import TrainArguments
+from trainer.job.flags import TrainArguments, UsageError
 from trainer.job.shard_manifest import ShardSet
 
 STATE_FILE = "stream_state.json"  # in each checkpoint: the epoch and the rows it has trained
@@ -34,7 +34,7 @@ class StreamPlan:
     global_batch: int
     seed: int
     window: int
-    epochs: int  # how many epochs the stream holds (the Trainer stops at max_steps)
+    epochs: int | None  # how many epochs the stream holds; None: as many as max_steps takes (the Trainer stops)
 
     @property
     def first_eval_row(self) -> int:
@@ -66,9 +66,9 @@ class StreamPlan:
 
 def plan_stream(args: TrainArguments, shards: ShardSet) -> StreamPlan:
     eval_rows = math.ceil(shards.rows * args.eval_fraction) if args.eval_fraction > 0 else 0
-    plan = StreamPlan(shards, eval_rows, args.global_batch_size, args.seed, args.streaming_shuffle_window, 1)
-    epochs = math.ceil(args.max_steps / max(plan.steps_per_epoch(), 1)) + 1 if args.max_steps > 0 else \
-        math.ceil(args.num_train_epochs)
+    # max_steps: epochs until the Trainer stops, however many rows turn out bad (the file path's epochs of its good
+    # rows); else the epochs asked for (fewer steps than the manifest's rows plan when rows turn out bad).
+    epochs = None if args.max_steps > 0 else math.ceil(args.num_train_epochs)
     return StreamPlan(shards, eval_rows, args.global_batch_size, args.seed, args.streaming_shuffle_window, epochs)
 
 
@@ -115,3 +115,16 @@ class StreamState:
             return cls(int(obj["epoch"]), int(obj["epoch_start_step"]), rows, len(rows))
         except (ValueError, KeyError, TypeError, zlib.error):
             return None
+
+
+def resume_state(raw: bytes | None, checkpoint: str) -> StreamState:
+    """The stream state of the checkpoint a run resumes from (`raw`: its STATE_FILE's bytes, None when absent), or one
+    sentence: without it the epoch's trained rows are unknown, and starting the stream again at epoch 0 under a
+    model trained to the checkpoint's step would train rows twice while the summary states the no-twice rule."""
+    state = StreamState.from_json(raw)
+    if state is not None:
+        return state
+    why = "it has none" if raw is None else "it is torn or not one"
+    raise UsageError(f"checkpoint {checkpoint} cannot resume the stream: {STATE_FILE} ({why}) holds the epoch's "
+                     "trained rows; start a new run (another --run_name), or delete that checkpoint to resume from "
+                     "the one before it")

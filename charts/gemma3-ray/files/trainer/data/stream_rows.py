@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from trainer.data.stream_plan import StreamPlan, pack_rows, unpack_rows
-from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments
+from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError
 from trainer.job.shard_manifest import ROW_ID
 
 SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
@@ -19,6 +19,10 @@ STAGE_BATCH_ROWS = 16
 # A shard read waits on the network more than it computes: a quarter CPU each, so reads still run where the
 # training workers and the CPU stage hold every whole CPU.
 READ_CPUS = 0.25
+# A WebDataset sample's image is whichever of these members it has (Ray Data's reader gives each extension its own
+# column, NaN or None where a sample lacks it); `data shard` writes png/jpg/gif/bmp/webp, `img` for bytes it does
+# not know (decoded here: corrupt_image if they are not an image) and `missing` (empty) for a row without one.
+IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff", "img")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -27,8 +31,8 @@ READ_CPUS = 0.25
 def canonical_row(raw: dict[str, Any], mapping: dict[str, str], shard_format: str, image_column: str) -> dict[str, Any]:
     """A shard's row as the job's fields (image, answer, the prompt's placeholders) plus its row id."""
     if shard_format == "webdataset":
-        meta = json.loads(raw.get("json") or b"{}")
-        data = next((raw[k] for k in raw if k not in ("json", "__key__", "__url__") and raw.get(k)), None)
+        meta = json.loads(_bytes(raw.get("json")) or b"{}")
+        data = next((_bytes(raw[k]) for k in raw if k.lower() in IMAGE_MEMBERS and _bytes(raw[k])), None)
         meta[image_column] = {"bytes": data, "path": meta.get(f"{image_column}_path")}
         raw = meta
     row = {f: raw.get(c) for f, c in mapping.items()}
@@ -36,10 +40,21 @@ def canonical_row(raw: dict[str, Any], mapping: dict[str, str], shard_format: st
     return row
 
 
+def _bytes(value: Any) -> bytes | None:
+    """A member's bytes, or None for what Ray Data puts where a sample lacks the member (NaN, None) or an empty one."""
+    return bytes(value) if isinstance(value, bytes | bytearray) and value else None
+
+
+def shard_image(value: Any) -> bytes | None:
+    """A row's image bytes as its shard holds them ({bytes, path} or bytes); None is missing_image. Never read from
+    the path: `data shard` put every image it found into the shard, and a path is the source's, not the worker's."""
+    return _bytes(value.get("bytes")) if isinstance(value, dict) else _bytes(value)
+
+
 def check_row(row: dict[str, Any], encoder, max_seq_length: int):
     """(problem, None) for a bad row, with the scan's reasons in the scan's order; else (None, (ids, labels,
     RGB image))."""
-    from trainer.data.dataset import BadImage, decode_image, image_bytes
+    from trainer.data.dataset import BadImage, decode_image
 
     answer = row.get(ANSWER_FIELD)
     if not isinstance(answer, str) or not answer.strip():
@@ -49,7 +64,7 @@ def check_row(row: dict[str, Any], encoder, max_seq_length: int):
             return "empty_prompt_field", None
     if encoder.image_marker_in(row):
         return "image_token_in_text", None
-    data = image_bytes(row.get(IMAGE_FIELD), ".", None)
+    data = shard_image(row.get(IMAGE_FIELD))
     if data is None:
         return "missing_image", None
     try:
@@ -129,9 +144,12 @@ def bad_row_stop(error: BaseException) -> str | None:
     return None
 
 
-def stream_stop(error: BaseException, decoders: int) -> str | None:
+def stream_stop(error: BaseException, decoders: int, shards: dict[str, Any] | None = None) -> str | None:
     """One sentence for an error of the stream that retrying cannot fix (a bad row under bad_rows=fail, the CPU
-    stage finding no CPU), or None."""
+    stage finding no CPU, an epoch with too few usable rows: a UsageError; with the run's checked `shards`, a shard
+    deleted, replaced or no longer readable since the driver checked it), or None."""
+    if isinstance(error, UsageError):
+        return str(error)
     sentence = bad_row_stop(error)
     if sentence is not None:
         return sentence
@@ -139,7 +157,41 @@ def stream_stop(error: BaseException, decoders: int) -> str | None:
         return (f"the streaming CPU stage's {decoders} actor(s) (1 CPU each) found no free CPU on the training "
                 f"workers' nodes in {STAGE_START_TIMEOUT_S} s: give the worker pods training.streaming_decoders CPUs "
                 f"beyond their training workers' (workers.resources), or lower training.streaming_decoders")
+    if shards is not None:
+        from trainer.job.shard_manifest import changed_shard
+
+        changed = changed_shard(shards)
+        if changed is not None:
+            return f"{changed}; it changed while the run read it, so the run stops (every retry would fail the same way)"
     return None
+
+
+def node_cpus(node_ids: list[str]) -> dict[str, float]:
+    """{node id: its CPUs} of the live nodes among `node_ids` (Ray's view of the cluster)."""
+    import ray
+
+    wanted = set(node_ids)
+    return {n["NodeID"]: float(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes()
+            if n.get("Alive") and n["NodeID"] in wanted}
+
+
+def placement_problem(decoders: int, cpus: dict[str, float], held: dict[str, float]) -> str | None:
+    """One sentence when the CPU stage's `decoders` actors (1 CPU each, on the training workers' nodes only) cannot
+    all be placed: `cpus` per node, `held` the CPUs the training workers hold there. Known before the first step;
+    Ray Data would wait for them (STAGE_START_TIMEOUT_S) instead. None when they fit (other tasks may still hold
+    those CPUs: then the timeout's sentence)."""
+    import math
+
+    room = sum(math.floor(cpus[n] - held.get(n, 0.0) + 1e-9) for n in cpus)
+    if room >= decoders:
+        return None
+    said = (f"the streaming CPU stage's {decoders} decoder(s) need 1 CPU each on the training workers' nodes beyond "
+            f"the training workers' {sum(held.values()):g} CPU(s), and those nodes have {sum(cpus.values()):g} "
+            "CPU(s): ")
+    if room > 0:
+        return (said + f"room for {room} decoder(s); use --streaming_decoders={room} (chart: "
+                "training.streaming_decoders), or give the workers' nodes more CPUs")
+    return said + "room for none; give the workers' nodes more CPUs, or use fewer training workers per node"
 
 
 def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments, mapping: dict[str, str],

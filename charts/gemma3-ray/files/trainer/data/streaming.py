@@ -43,10 +43,11 @@ class StreamingBatches:
     step, from this rank's streaming_split of the epoch (rank 0 splits, every rank takes its part)."""
 
     def __init__(self, plan: StreamPlan, make_dataset, collate, rank: int, world_size: int, micro_batch: int,
-                 accumulation: int, state: StreamState, broadcast, gather, start_step: int = 0):
+                 accumulation: int, state: StreamState, broadcast, gather, start_step: int = 0,
+                 no_step=lambda record: None):
         self.plan, self.make_dataset, self.collate, self.start_step = plan, make_dataset, collate, start_step
         self.rank, self.world_size, self.micro, self.accumulation = rank, world_size, micro_batch, accumulation
-        self.state, self.broadcast, self.gather = state, broadcast, gather
+        self.state, self.broadcast, self.gather, self.no_step = state, broadcast, gather, no_step
         self.waits: list[float] = []  # seconds each step waited for its rows
         self.epochs: list[dict[str, Any]] = []  # per finished epoch: rows trained, twice, steps
         self.steps_done = 0  # optimizer steps whose rows were handed out, since this start
@@ -62,7 +63,11 @@ class StreamingBatches:
         if getattr(self, "done", False):  # the Trainer asks again after the last epoch: nothing more
             return
         group_rows = self.micro * self.accumulation
-        for epoch in range(self.state.epoch, self.plan.epochs):
+        import itertools
+
+        epochs = itertools.count(self.state.epoch) if self.plan.epochs is None else \
+            range(self.state.epoch, self.plan.epochs)
+        for epoch in epochs:
             if epoch != self.state.epoch:
                 self.state = StreamState(epoch, self.start_step + self.steps_done)
             self.epoch_open = True
@@ -84,6 +89,8 @@ class StreamingBatches:
                     yield self.collate(group.slice(j * self.micro, self.micro))
             self.epochs.append(self.epoch_record())
             self.epoch_open = False
+            if self.epochs[-1]["steps"] == 0:  # every rank: the record is the group's
+                self.no_step(self.epochs[-1])
         self.done = True
 
     def epoch_progress(self) -> float:
@@ -233,9 +240,21 @@ def prepare_stream(args: TrainArguments, processor, setup: StreamSetup, micro_ba
         return epoch_dataset(plan, epoch, processor, args, mapping, setup.storage, exclude, setup.decoders,
                              setup.node_ids)
 
+    def no_step(record: dict[str, Any]) -> None:  # an epoch whose good rows filled no step: the file path's stop
+        from trainer.data.dataset import count_by_reason
+        from trainer.data.stream_rows import skipped_rows
+        from trainer.job.elastic import worker_counts
+        from trainer.job.epochs import check_usable
+
+        skipped = count_by_reason(skipped_rows(setup.storage))
+        good = plan.train_rows - sum(skipped.values())
+        check_usable(good, plan.global_batch, f"of {plan.shards.rows} rows, {sum(skipped.values())} skipped as they "
+                     f"streamed, {plan.eval_rows} held out for eval", worker_counts(args.num_workers, args.min_workers),
+                     args.dataset_name, skipped)
+
     batches = StreamingBatches(plan, make_dataset, collate_group(encoder, args.use_gpu), setup.rank,
                                setup.world_size, micro_batch, accumulation, state, setup.broadcast, setup.gather,
-                               setup.start_step)
+                               setup.start_step, no_step)
     evaluation, eval_bad = None, {}
     if plan.eval_rows:
         rows, eval_bad = read_eval_rows(plan, mapping, setup.storage, encoder, args.max_seq_length)

@@ -38,6 +38,20 @@ def check_rows(rows: int, global_batch: int, what: str, counts: list[int]) -> di
     raise UsageError(f"global_batch_size={global_batch} is more than the {rows} training rows ({what}): {advice}")
 
 
+def no_usable_rows(dataset: str, skipped: dict[str, int]) -> UsageError:
+    """The stop of a run none of whose rows is usable (every one skipped, by reason)."""
+    return UsageError(f"no usable rows in {dataset} (skipped: {skipped})")
+
+
+def check_usable(rows: int, global_batch: int, what: str, counts: list[int], dataset: str,
+                 skipped: dict[str, int]) -> dict[str, int]:
+    """The rule for the rows left after the bad ones, on either path (the file path's scan, a streamed epoch): none is
+    `no usable rows`, fewer than one global batch is check_rows's stop; else `rows_per_epoch`."""
+    if rows <= 0:
+        raise no_usable_rows(dataset, skipped)
+    return check_rows(rows, global_batch, what, counts)
+
+
 def check_known_rows(rows: int | None, args: TrainArguments) -> None:
     """The driver's check, before any worker starts, of a row count known up front (parquet metadata): the scan can
     only remove rows, so the training rows are at most `rows` less the eval split."""

@@ -208,3 +208,37 @@ def check_for_run(args) -> ShardSet:
         return load(fs, base, root, root.startswith("gs://"), column_mapping(args))
     except ManifestError as e:
         raise UsageError(str(e)) from e
+    except OSError as e:
+        if not denied(e):
+            raise
+        raise UsageError(forbidden(root, e)) from e
+
+
+def denied(error: BaseException) -> bool:
+    """Whether `error` is a refusal to read (pyarrow: PermissionError for a local EACCES and for GCS's 403)."""
+    return isinstance(error, PermissionError) or "PERMISSION_DENIED" in str(error)
+
+
+def forbidden(root: str, error: BaseException) -> str:
+    """One sentence for a dataset the job may not read: no retry gives it the permission."""
+    why = str(error).splitlines()[0] if str(error) else type(error).__name__
+    why = why.split("Status(", 1)[-1].rstrip(")") if "Status(" in why else why
+    return (f"dataset {root}: the job may not read it ({why}): grant the job's service account "
+            "roles/storage.objectViewer on the bucket (or the prefix), or use a dataset it can read")
+
+
+def changed_shard(config: dict[str, Any]) -> str | None:
+    """After a stream failed: the first shard of the checked set (`to_config`'s) that is no longer what the manifest
+    records (missing, another size, another md5; metadata only), or one the job may no longer read, as one
+    sentence; None when every shard is still as checked."""
+    from trainer.job.storage import filesystem, storage_at
+
+    shards = from_config(config)
+    try:
+        fs, base = filesystem(shards.root, storage_at(shards.root).emulator_host)
+        check_shards(shards, fs, base, shards.root.startswith("gs://"), hash_local=False)
+    except ManifestError as e:
+        return str(e)
+    except OSError as e:
+        return forbidden(shards.root, e) if denied(e) else None
+    return None

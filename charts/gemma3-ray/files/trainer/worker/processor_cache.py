@@ -9,9 +9,20 @@ a restart) loads that.
 
 The copy is named by everything the processor is made of: the model directory's path, the name and bytes of
 every file in it but the weights, and the versions of Python, transformers and tokenizers. A changed file or
-an upgrade is a new name; a copy that does not load is set aside and the files are read again. A pickle runs
-code when it loads, so only a file this user wrote and no one else may change is loaded: a copy owned by
-another user, writable by group or others, or not a plain file is never read (the files are, instead).
+an upgrade is a new name; a copy that does not load is set aside and the files are read again.
+
+A pickle runs code when it loads, so a copy is loaded only where no one but this user could have put it there.
+The ``processors/`` directory is opened without following a link (``O_NOFOLLOW | O_DIRECTORY``) and its
+descriptor checked (``fstat``): this user's (the effective uid), writable by no group or other (anyone who may
+write a directory may rename a file into it), else no copy is read or written there. The copy is opened through
+that descriptor (``dir_fd``), again without following a link, and what was opened is checked, not its path: a
+plain file of this user, writable by no one else, with one link (no second name outside the directory). A swap
+between a check and the open cannot happen: there is no check before the open.
+
+What this cannot prove: that a file this uid wrote was written by this job. Any process of the same uid may
+write the directory, so the cache must sit on a path only this uid (and only trusted processes of it) write:
+the node cache of one Ray cluster's pods, never a volume shared with other tenants that run as the same uid.
+The parent directories of ``processors/`` are the node cache's (``cache_dir``), taken as configured.
 """
 
 from __future__ import annotations
@@ -22,7 +33,6 @@ import os
 import pickle
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,52 +61,83 @@ def cache_key(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-def _trusted(path: Path) -> bool:
-    """Whether `path` is a plain file of this user that no one else may write."""
+def _private(st: os.stat_result, kind: int) -> bool:
+    """Whether what `st` describes is of `kind` (S_IFREG, S_IFDIR), this user's and writable by no one else."""
+    return (stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.geteuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _open_dir(cache: Path) -> int | None:
+    """A descriptor of `cache/processors` (made 0700 if absent), or None where it is not this user's alone: a link, not
+    a directory, another user's, or writable by group or others (anyone who may write it may rename a file in)."""
+    path = cache / CACHE_DIR
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
     try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-def _read(path: Path) -> Any | None:
-    """The processor pickled at `path`, or None (absent, not trusted, or it does not load: then set aside)."""
-    if not _trusted(path):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # a link (ELOOP), not a directory, absent (no room): no copy
         return None
+    if not _private(os.fstat(fd), stat.S_IFDIR):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _read(dir_fd: int, name: str) -> Any | None:
+    """The processor pickled at `name` in the directory `dir_fd`, or None (absent, not trusted, or it does not load:
+    then set aside). What is checked is what was opened (fstat of the descriptor, never the path again): a plain
+    file, not a link, of this user, writable by no one else, with no other name (one link)."""
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not _private(st, stat.S_IFREG) or st.st_nlink != 1:
+            return None
+        try:
             return pickle.load(fh)
-    except Exception:  # a torn or stale copy: read the files instead, and write a new one
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return None
+        except Exception:  # a torn or stale copy: read the files instead, and write a new one
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+            return None
 
 
-def _write(path: Path, processor: Any) -> None:
-    """`processor` pickled at `path`, readable and writable by this user only, put in place whole (or not)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # mode 0600
+def _write(dir_fd: int, name: str, processor: Any) -> None:
+    """`processor` pickled at `name` in the directory `dir_fd`, mode 0600, put in place whole (or not)."""
+    tmp = f".tmp-{os.getpid()}-{name}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    except OSError:
+        return
     try:
         with os.fdopen(fd, "wb") as fh:
             pickle.dump(processor, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except Exception:  # no room, a processor that does not pickle: the run goes on without a copy
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
 
 
 def load_processor(model_dir: Path, cache: Path) -> Any:
-    """The processor of `model_dir`: from the node's copy when there is one, else from the files (then copied)."""
-    path = cache / CACHE_DIR / f"{cache_key(model_dir)}.pkl"
-    processor = _read(path)
-    if processor is not None:
-        return processor
-    with node_lock(cache, f"processor:{path.name}"):
-        processor = _read(path)  # another process of the node made it while this one waited
-        if processor is None:
-            from transformers import AutoProcessor
+    """The processor of `model_dir`: from the node's copy when there is one, else from the files (then copied). No
+    copy is read or written where `cache/processors` is not this user's alone."""
+    name = f"{cache_key(model_dir)}.pkl"
+    dir_fd = _open_dir(cache)
+    try:
+        processor = _read(dir_fd, name) if dir_fd is not None else None
+        if processor is not None:
+            return processor
+        with node_lock(cache, f"processor:{name}"):
+            processor = _read(dir_fd, name) if dir_fd is not None else None  # another process made it meanwhile
+            if processor is None:
+                from transformers import AutoProcessor
 
-            processor = AutoProcessor.from_pretrained(str(model_dir))
-            _write(path, processor)
-    return processor
+                processor = AutoProcessor.from_pretrained(str(model_dir))
+                if dir_fd is not None:
+                    _write(dir_fd, name, processor)
+        return processor
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)

@@ -135,7 +135,7 @@ def _train(config: dict[str, Any], args: TrainArguments, storage: Storage, rank:
         except Exception as e:  # the stream met what no retry fixes: one sentence, no retry, no traceback
             from trainer.data.stream_rows import stream_stop
 
-            sentence = stream_stop(e, args.streaming_decoders)
+            sentence = stream_stop(e, args.streaming_decoders, config.get("stream"))
             if sentence is None:
                 raise
             storage.write_bytes(USAGE_ERROR_FILE, sentence.encode())
@@ -176,25 +176,32 @@ def stream_setup(config: dict[str, Any], storage: Storage, resume, rank: int, wo
     collectives, and where the newest checkpoint's stream state says to go on."""
     from ray.train.collective import broadcast_from_rank_zero
 
-    from trainer.data.stream_plan import STATE_FILE, StreamState
+    from trainer.data.stream_plan import STATE_FILE, resume_state
     from trainer.data.streaming import StreamSetup
     from trainer.worker.metrics import gather
 
     args = TrainArguments(**config["args"])
     state = None
-    if resume.directory:
+    if resume.directory:  # a missing or torn state is one sentence on every rank, never a restart at epoch 0
         path = Path(resume.directory) / STATE_FILE
-        state = StreamState.from_json(path.read_bytes() if path.is_file() else None)
-        if state is None and rank == 0:
-            print(f"[stream] checkpoint {resume.uri} has no usable {STATE_FILE}: the stream starts at epoch 0",
-                  flush=True)
+        state = resume_state(path.read_bytes() if path.is_file() else None, resume.uri or str(resume.directory))
     import ray
 
+    from trainer.data.stream_rows import node_cpus, placement_problem
+
+    here = ray.get_runtime_context()
+    placed = gather((here.get_node_id(), float(here.get_assigned_resources().get("CPU", 0))))
+    node_ids = [node for node, _ in placed]  # the CPU stage's nodes
+    held: dict[str, float] = {}
+    for node, cpus in placed:
+        held[node] = held.get(node, 0.0) + cpus
+    problem = placement_problem(args.streaming_decoders, node_cpus(node_ids), held)  # the same on every rank
+    if problem:
+        raise UsageError(problem)
     return StreamSetup(shards=config["stream"], storage=storage, rank=rank, world_size=world_size,
                        broadcast=broadcast_from_rank_zero, gather=gather, state=state, start_step=resume.step or 0,
                        decoders=args.streaming_decoders,
-                       object_store_bytes=int(args.streaming_object_store_gib * 2**30) or None,
-                       node_ids=gather(ray.get_runtime_context().get_node_id()))  # the CPU stage's nodes
+                       object_store_bytes=int(args.streaming_object_store_gib * 2**30) or None, node_ids=node_ids)
 
 
 def stream_summary(trainer, storage: Storage, stats: dict[str, Any], args: TrainArguments) -> dict[str, Any]:

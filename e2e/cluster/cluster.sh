@@ -207,7 +207,7 @@ start() {
     --tls-cert-file="$d/apiserver.crt" --tls-private-key-file="$d/apiserver.key" --client-ca-file="$d/ca.crt" \
     --kubelet-client-certificate="$d/apiserver-kubelet-client.crt" --kubelet-client-key="$d/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=Hostname,InternalIP \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction,ExtendedResourceToleration --allow-privileged=true \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$d/sa.pub" --service-account-signing-key-file="$d/sa.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --cert-dir="$DIR/apiserver-certs" --profiling=false

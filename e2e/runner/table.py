@@ -144,6 +144,28 @@ STAGES: tuple[StageSpec, ...] = (
               "every row of the epoch trained once.", _f("streaming", "streamed"), typical_s=600),
 )
 
+# ---------------------------------------------------------------------------------------------- fleet (issue #43)
+# Opt-in (not in DEFAULT_ONLY): `make e2e ARGS="--only first,fleet"`. Needs kwok beside the local cluster
+# (e2e/build/parts.sh build kwok); elsewhere each row is "not run" with the reason (e2e/stages/fleet.py).
+FLEET = "fleet"
+GROUPS = (*GROUPS, FLEET)
+_SIMULATED = ("Pods on the simulated nodes never run a container (kwok marks them Running): the claim is placement "
+              "by the real kube-scheduler, not training.")
+STAGES = (
+    *STAGES,
+    StageSpec("fleet: values files placed", FLEET, "Every values file whose workers want GPUs, installed as shipped "
+              "on kwok-simulated GKE nodes of its pool (labels, taints, GPUs and allocatable as GKE gives them), has "
+              "each worker bound to that pool, one per node, requesting the node's GPUs, and its head on a node "
+              "without GPUs. " + _SIMULATED, _f("fleet", "values_files"), typical_s=300),
+    StageSpec("fleet: machine families placed", FLEET, "`gemma3-ray values --machine-type M --replicas 2` of every "
+              "GPU family the plugin knows places its two workers on two simulated M nodes, one each, with all their "
+              "GPUs, and the head off the GPU nodes. " + _SIMULATED, _f("fleet", "machine_families"), typical_s=600),
+    StageSpec("fleet: cannot fit", FLEET, "values/tutorial.yaml on a pool one node short leaves one worker Pending "
+              "with the scheduler's `Insufficient nvidia.com/gpu`; on the same machines without its reservation, "
+              "every worker Pending with the scheduler's node-selector reason. " + _SIMULATED,
+              _f("fleet", "cannot_fit"), typical_s=150),
+)
+
 
 class SelectionError(ValueError):
     """--only/--skip name something the table has not, or leave a stage without what it needs."""

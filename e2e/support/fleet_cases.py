@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from e2e.support.errors import StageError
 from e2e.support.fleet_nodes import Pool, cpu_pool, merged, pool_for_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ def family_values(machine_type: str, out_dir: Path) -> Path:
                            "--replicas", str(FAMILY_REPLICAS), "--project", "fleet-e2e", "--region", "us-central1",
                            "--no-kube-context", "-o", str(path)], capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"gemma3-ray values --machine-type {machine_type} exited {proc.returncode}: "
+        raise StageError(f"gemma3-ray values --machine-type {machine_type} exited {proc.returncode}: "
                            f"{proc.stderr.strip()[-300:]}")
     return path
 

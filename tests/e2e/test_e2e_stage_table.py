@@ -110,7 +110,7 @@ def test_groups_and_stage_names_both_select() -> None:
 
 # ---------------------------------------------------------------------------------------------- rows
 def test_every_stage_gets_a_row_in_table_order(tmp_path: Path) -> None:
-    rec, _ = _run(tmp_path, only="first,ct,day2")
+    rec, _ = _run(tmp_path, only="first,ct,day2,fleet")
     assert [s.name for s in rec.stages] == [s.name for s in t.STAGES]
     assert all(s.result == PASS for s in rec.stages), rec.table()
     assert rec.ok
@@ -136,7 +136,7 @@ def test_skipping_the_upgrade_does_not_let_rollback_pass(tmp_path: Path) -> None
 
 
 def test_a_failure_stops_the_run_and_the_rest_are_not_run(tmp_path: Path) -> None:
-    rec, h = _run(tmp_path, only="first,ct,day2", fail="helm test")
+    rec, h = _run(tmp_path, only="first,ct,day2,fleet", fail="helm test")
     assert rec.row("helm test").result == FAIL
     names = [s.name for s in t.STAGES]
     for later in names[names.index("helm test") + 1:]:

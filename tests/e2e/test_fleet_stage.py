@@ -190,7 +190,7 @@ def test_kwok_is_started_managing_only_its_label_with_our_config_and_home(tmp_pa
     (part / "stages").mkdir(parents=True)
     (part / "stages" / "pod-ready.yaml").write_text("apiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\n"
                                                     "metadata: {name: pod-ready}\n")
-    (part / "kwok").write_text(f'#!/bin/sh\necho "HOME=$HOME $*" > {tmp_path}/argv\n')
+    (part / "kwok").write_text(f'#!/bin/sh\necho "HOME=$HOME WLC=$KUBE_FEATURE_WatchListClient $*" > {tmp_path}/argv\n')
     (part / "kwok").chmod(0o755)
     d = tmp_path / "dir"
     (d / "run").mkdir(parents=True)
@@ -201,11 +201,12 @@ def test_kwok_is_started_managing_only_its_label_with_our_config_and_home(tmp_pa
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     argv = (tmp_path / "argv").read_text()
-    assert f"HOME={d}/kwok " in argv
+    assert f"HOME={d}/kwok WLC=false " in argv
     assert "--manage-nodes-with-label-selector=kwok.x-k8s.io/node=fake" in argv
     assert f"--kubeconfig={d}/pki/kwok.kubeconfig" in argv and "--server-address=127.0.0.1:" in argv
     docs = list(yaml.safe_load_all((d / "kwok" / "kwok.yaml").read_text()))
     assert [x["kind"] for x in docs] == ["KwokConfiguration", "Stage"]
+    assert docs[0]["options"]["podPlayStageParallelism"] > 0  # else kwok v0.8.0 exits at start
     assert "=".join(fleet_nodes.KWOK_LABEL) == "kwok.x-k8s.io/node=fake"
 
 

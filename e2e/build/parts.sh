@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the real cluster's parts from their Go modules, pinned, into a cache outside the clone,
 # keyed by version: a second run (and CI on the same machine) finds them and builds nothing.
-#   e2e/build/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct, registry (default: all)
+#   e2e/build/parts.sh build [PART...]   # kube, coredns, kuberay, kueue, ct, registry (default: all of these);
+#                                        # kwok only on demand: e2e/build/parts.sh build kwok
 #   e2e/build/parts.sh path PART         # the folder holding PART's binaries (built or not)
-#   e2e/build/parts.sh check             # exit 0 when every part is built
+#   e2e/build/parts.sh check             # exit 0 when every default part is built (kwok is not one)
+#   e2e/build/parts.sh check-part PART   # exit 0 when PART is built (kwok included)
 #   e2e/build/parts.sh go-check [PART]   # the installed Go is new enough for each part's go.mod (one sentence if not)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,12 +28,18 @@ KUEUE_VERSION=v0.17.0
 CT_VERSION=v3.14.0
 # The OCI registry (distribution's `registry`) the any-cluster proof pulls the images from (e2e/cluster/registry.sh).
 REGISTRY_VERSION=v3.1.2
+# kwok (sigs.k8s.io/kwok, a Kubernetes SIG project): only its controller, `kwok`, which the local cluster runs
+# beside its real node when this part is cached, managing only the simulated nodes of the e2e `fleet` group
+# (issue #43). Built on demand, not by `make e2e-parts` (the fleet group is opt-in; CI's warm-up stays as it
+# was): e2e/build/parts.sh build kwok. v0.8.0: the newest the module proxy here serves (v0.6.1 .. v0.8.0).
+KWOK_VERSION=v0.8.0
 
 CACHE=${GEMMA3_RAY_CACHE:-$HOME/.cache/gemma3-ray}
 # The machine's own go settings stay (GOPROXY, GOFLAGS from the environment or `go env -w`); -mod=mod is
 # added to its GOFLAGS, not put in their place.
 go_flags() { local f; f=$(go env GOFLAGS 2>/dev/null || true); echo "${f:+$f }-mod=mod"; }
 PARTS=(kube coredns kuberay kueue ct registry)
+OPTIONAL_PARTS=(kwok)  # built only when named
 
 part_dir() {
   case $1 in
@@ -41,7 +49,8 @@ part_dir() {
     kueue) echo "$CACHE/parts/kueue-$KUEUE_VERSION" ;;
     ct) echo "$CACHE/parts/ct-$CT_VERSION" ;;
     registry) echo "$CACHE/parts/registry-$REGISTRY_VERSION" ;;
-    *) echo "unknown part '$1' (one of: ${PARTS[*]})" >&2; return 2 ;;
+    kwok) echo "$CACHE/parts/kwok-$KWOK_VERSION" ;;
+    *) echo "unknown part '$1' (one of: ${PARTS[*]} ${OPTIONAL_PARTS[*]})" >&2; return 2 ;;
   esac
 }
 
@@ -53,6 +62,7 @@ module_of() {
     kueue) echo "sigs.k8s.io/kueue@$KUEUE_VERSION" ;;
     ct) echo "github.com/helm/chart-testing/v3@$CT_VERSION" ;;
     registry) echo "github.com/distribution/distribution/v3@$REGISTRY_VERSION" ;;
+    kwok) echo "sigs.k8s.io/kwok@$KWOK_VERSION" ;;
   esac
 }
 
@@ -185,6 +195,22 @@ build_registry() {
     -o "$out/bin.tmp/registry" github.com/distribution/distribution/v3/cmd/registry
 }
 
+# kwok's controller, its upstream ClusterRole (kustomize/rbac/role.yaml, which e2e/cluster/cluster.sh binds to
+# kwok's own user) and the Stage objects kwokctl gives a cluster by default (node-fast, node-heartbeat-with-lease,
+# pod-fast): without a Stage kwok refuses to start ("no stages found"), and the CRD route needs its CRDs served
+build_kwok() {
+  local out; out=$(part_dir kwok); wrapper "$out" "sigs.k8s.io/kwok@$KWOK_VERSION"
+  go get "sigs.k8s.io/kwok@$KWOK_VERSION"
+  go build -trimpath -ldflags "-s -w" -o "$out/bin.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok
+  local src; src=$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  mkdir -p "$out/bin.tmp/rbac" "$out/bin.tmp/stages"
+  cp "$src"/kustomize/rbac/role.yaml "$out/bin.tmp/rbac/"
+  cp "$src"/kustomize/stage/node/fast/node-initialize.yaml \
+    "$src"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    "$src"/kustomize/stage/pod/fast/pod-ready.yaml "$src"/kustomize/stage/pod/fast/pod-complete.yaml \
+    "$src"/kustomize/stage/pod/fast/pod-delete.yaml "$out/bin.tmp/stages/"
+}
+
 build() {
   local p out
   for p in "$@"; do
@@ -226,5 +252,5 @@ case $cmd in
   go-check) for p in "${@:-${PARTS[@]}}"; do go_ok "$p" || exit 1; done; echo "[parts] $(go env GOVERSION) builds every part" ;;
   check-part) [ -f "$(part_dir "${1:?check-part PART}")/bin/.built" ] || { echo "$1 is not built (e2e/build/parts.sh build $1)"; exit 1; } ;;
   check) for p in "${PARTS[@]}"; do [ -f "$(part_dir "$p")/bin/.built" ] || { echo "$p is not built (e2e/build/parts.sh build $p)"; exit 1; }; done ;;
-  *) echo "usage: $0 build [PART...] | path PART | check | check-part PART | go-check [PART...] | goflags" >&2; exit 2 ;;
+  *) echo "usage: $0 build [PART...] | path PART | check | check-part PART | go-check [PART...] | goflags (PART: ${PARTS[*]} ${OPTIONAL_PARTS[*]})" >&2; exit 2 ;;
 esac

@@ -3,7 +3,8 @@
 #
 #   e2e/cluster/cluster.sh start DIR    etcd, kube-apiserver, controller-manager, scheduler, kubelet on
 #                               containerd/runc with a bridge CNI, kube-proxy (iptables), CoreDNS, the
-#                               KubeRay operator and Kueue; last line: KUBECONFIG=DIR/kubeconfig
+#                               KubeRay operator and Kueue, and kwok when its part is built (simulated nodes
+#                               labelled kwok.x-k8s.io/node=fake, nothing else); last line: KUBECONFIG=DIR/kubeconfig
 #   e2e/cluster/cluster.sh stop DIR     stop all by PID file, put back what the start changed on the host
 #   e2e/cluster/cluster.sh status DIR   each part, the containerd socket (DIR/containerd.sock), the node
 #   e2e/cluster/cluster.sh leftovers DIR  remove what a cluster killed hard (or a reboot) left, naming it (start does this too)
@@ -27,7 +28,8 @@ PAUSE_IMAGE=docker.io/local/pause:3.10 CNI_NETWORK=gemma3-ray-e2e
 CNI_BIN=/usr/lib/cni; [ -x "$CNI_BIN/bridge" ] || CNI_BIN=/opt/cni/bin
 NODE_PORTS="10250 10248 10257 10259 10249 10256"
 # start order; stop goes backwards (containerd is handled on its own)
-PARTS="etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns kuberay-operator kueue"
+# (kwok last: started only when its part is built, `e2e/build/parts.sh build kwok`; stopped first, always)
+PARTS="etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy coredns kuberay-operator kueue kwok"
 T0=$SECONDS
 
 . "$HERE/lib.sh"
@@ -39,6 +41,7 @@ T0=$SECONDS
 
 part_bin() { "$HERE/../build/parts.sh" path "$1"; }
 KUBE_BIN=$(part_bin kube) COREDNS_BIN=$(part_bin coredns) KUBERAY_BIN=$(part_bin kuberay) KUEUE_BIN=$(part_bin kueue)
+KWOK_BIN=$(part_bin kwok); KWOK=0; [ -f "$KWOK_BIN/.built" ] && KWOK=1
 KUBECTL=${KUBECTL:-$(command -v kubectl || echo "$KUBE_BIN/kubectl")}
 
 owner() { cat "$CACHE/cluster.owner" 2>/dev/null; }
@@ -116,7 +119,7 @@ earlier_leftovers() {
 
 all_running() {
   local n; alive containerd || return 1
-  for n in $PARTS; do alive "$n" || return 1; done
+  for n in $PARTS; do { [ "$n" = kwok ] && [ "$KWOK" = 0 ]; } || alive "$n" || return 1; done
 }
 
 remove_containers() {  # every task and container of the kubelet's namespace, through containerd
@@ -207,11 +210,11 @@ start() {
     --tls-cert-file="$d/apiserver.crt" --tls-private-key-file="$d/apiserver.key" --client-ca-file="$d/ca.crt" \
     --kubelet-client-certificate="$d/apiserver-kubelet-client.crt" --kubelet-client-key="$d/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=Hostname,InternalIP \
-    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true \
+    --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction,ExtendedResourceToleration --allow-privileged=true \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$d/sa.pub" --service-account-signing-key-file="$d/sa.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" --cert-dir="$DIR/apiserver-certs" --profiling=false
-  kubeconfigs admin kube-controller-manager kube-scheduler kubelet kube-proxy coredns kuberay-operator kueue
+  kubeconfigs admin kube-controller-manager kube-scheduler kubelet kube-proxy coredns kuberay-operator kueue kwok
 
   log "images: pause (and busybox) into containerd"
   images || fail containerd "the pause image could not be built or imported"
@@ -244,6 +247,7 @@ start() {
   apply_crds || FAIL_LOG="$DIR/logs/apply-crds.log" fail kube-apiserver "it did not accept the KubeRay and Kueue CRDs"
   start_kuberay
   start_kueue
+  [ "$KWOK" = 1 ] && start_kwok
 
   wait_for kubelet "Ready (node localhost)" 90 node_ready
   restore_sysctls net.ipv4.ip_forward   # the kubelet wrote its kernel values at start: put the host's back
@@ -254,6 +258,10 @@ start() {
   alive kube-scheduler || fail kube-scheduler "it exited"
   wait_operators
   log "KubeRay operator and Kueue ready (webhooks on https://127.0.0.1:$KUEUE_WEBHOOK_PORT)"
+  if [ "$KWOK" = 1 ]; then
+    wait_for kwok "ready" 60 ready_url "http://127.0.0.1:$KWOK_PORT/healthz"
+    log "kwok ready: it manages the nodes labelled $KWOK_SELECTOR (none yet), the node localhost stays the kubelet's"
+  fi
   START_OK=1
   log "started in $((SECONDS - T0)) s; containerd socket: $DIR/containerd.sock"
   echo "KUBECONFIG=$DIR/kubeconfig"
@@ -266,6 +274,7 @@ node_ready() {
 status() {
   local n rc=0 pid
   for n in containerd $PARTS; do
+    if [ "$n" = kwok ] && [ "$KWOK" = 0 ]; then echo "kwok: part not built (e2e/build/parts.sh build kwok): not started"; continue; fi
     if alive "$n"; then pid=$(pid_of "$n"); echo "$n: running, pid $pid"; else echo "$n: not running"; rc=1; fi
   done
   if alive containerd; then echo "containerd socket: $DIR/containerd.sock -> $CTR_SOCK (namespace k8s.io)"; fi

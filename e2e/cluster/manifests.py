@@ -1,6 +1,7 @@
 """The cluster's own objects as one JSON List for `kubectl apply --server-side`: RBAC for each host-run part, the KubeRay and Kueue CRDs of the built parts, Kueue's webhooks by URL.
 
-Usage: manifests.py KUBERAY_BIN KUEUE_BIN WEBHOOK_URL CA_FILE rbac|crds|webhooks
+Usage: manifests.py KUBERAY_BIN KUEUE_BIN WEBHOOK_URL CA_FILE rbac|crds|webhooks [KWOK_BIN]
+(KWOK_BIN, when kwok's part is built: its upstream ClusterRole, bound to kwok's own user e2e:kwok.)
 Kueue's upstream kustomization points its webhooks (and five CRDs' conversion webhooks) at an
 in-cluster Service; here Kueue runs on the host, so each clientConfig becomes a URL on 127.0.0.1 with
 our CA. Only the webhooks Kueue serves with this configuration are registered (its own kinds, RayJob,
@@ -31,7 +32,7 @@ def binding(name, role, user):
     }
 
 
-def rbac(kuberay, kueue):
+def rbac(kuberay, kueue, kwok=None):
     objs = [
         # the API server's client certificate towards the kubelet (logs, exec, port-forward), as kubeadm does
         binding("e2e:apiserver-kubelet-client", "system:kubelet-api-admin", "kube-apiserver-kubelet-client"),
@@ -52,6 +53,8 @@ def rbac(kuberay, kueue):
     for role in load_all(kueue / "rbac" / "role.yaml"):  # ClusterRole manager-role (kueue- prefix upstream)
         role["metadata"]["name"] = "kueue-" + role["metadata"]["name"]
         objs += [role, binding("e2e:kueue", role["metadata"]["name"], "e2e:kueue")]
+    for role in load_all(kwok / "rbac" / "role.yaml") if kwok else []:  # ClusterRole kwok-controller
+        objs += [role, binding("e2e:kwok", role["metadata"]["name"], "e2e:kwok")]
     objs.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
     # Kueue watches the Secrets of its own namespace (upstream config/components/rbac/manager_secrets_role.yaml);
     # without this its informer never syncs and none of its controllers starts
@@ -106,7 +109,8 @@ def main(argv):
     kuberay, kueue, url = pathlib.Path(argv[1]), pathlib.Path(argv[2]), argv[3]
     ca = base64.b64encode(pathlib.Path(argv[4]).read_bytes()).decode()
     what = argv[5]
-    items = {"rbac": lambda: rbac(kuberay, kueue), "crds": lambda: crds(kuberay, kueue, url, ca),
+    kwok = pathlib.Path(argv[6]) if len(argv) > 6 and argv[6] else None
+    items = {"rbac": lambda: rbac(kuberay, kueue, kwok), "crds": lambda: crds(kuberay, kueue, url, ca),
              "webhooks": lambda: webhooks(kueue, url, ca)}[what]()
     json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout)
 

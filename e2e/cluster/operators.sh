@@ -6,9 +6,9 @@
 
 KUEUE_METRICS_CERTS=/etc/kueue/metrics/certs   # fixed in Kueue v0.17's main.go when it does not manage certs
 
-manifests() {  # manifests rbac|crds|webhooks
+manifests() {  # manifests rbac|crds|webhooks (kwok's ClusterRole too when its part is built)
   python3 "$HERE/manifests.py" "$KUBERAY_BIN" "$KUEUE_BIN" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
-    "$DIR/pki/ca.crt" "$1"
+    "$DIR/pki/ca.crt" "$1" "$([ "${KWOK:-0}" = 1 ] && echo "$KWOK_BIN")"
 }
 
 # RBAC of every host-run part (the node's parts start right after it)
@@ -72,4 +72,30 @@ wait_operators() {
 
 cq_active() {
   [ "$(kc get clusterqueue "$1" -o jsonpath='{.status.conditions[?(@.type=="Active")].status}')" = True ]
+}
+
+# kwok (sigs.k8s.io/kwok, e2e/build/parts.sh build kwok): the controller that keeps simulated nodes Ready and plays
+# their pods' lifecycle, for the e2e `fleet` group's GKE-shaped GPU pools (e2e/support/fleet_nodes.py). It manages
+# only the nodes labelled KWOK_SELECTOR (--manage-nodes-with-label-selector, kwok v0.8.0), never the kubelet's node
+# localhost; its Stages are the defaults kwokctl gives a cluster (node-initialize, node-heartbeat-with-lease,
+# pod-ready, pod-complete, pod-delete), copied from its module by parts.sh. HOME is DIR/kwok: kwok also reads
+# ~/.kwok/kwok.yaml when it exists, and this host's is not ours. Its pods' IPs come from a range no real pod uses.
+# KUBE_FEATURE_WatchListClient=false: kwok v0.8.0's client-go (v0.36) asks for watch streams, which this API server
+# refuses ("the required storage feature RequestWatchProgress is disabled"); checked on ../shared/kube-apiserver:
+# with it a pod bound to a kwok node was Running within 9 s, without it still Pending after 31 s. The parallelism
+# options are those of kwok's own kustomize/kwok/kwok.yaml: left out, kwok exits ("playStageParallelism must be
+# greater than 0").
+KWOK_SELECTOR=kwok.x-k8s.io/node=fake
+KWOK_POD_CIDR=10.246.0.0/16
+
+start_kwok() {
+  KWOK_PORT=$(free_port); echo "$KWOK_PORT" > "$DIR/run/kwok.port"
+  rm -rf "$DIR/kwok"; mkdir -p "$DIR/kwok"
+  { printf 'apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n'
+    printf '  nodeLeaseParallelism: 4\n  podPlayStageParallelism: 4\n  nodePlayStageParallelism: 4\n'
+    printf '  enablePodsOnNodeSyncStreamWatch: true\n'
+    local f; for f in "$KWOK_BIN"/stages/*.yaml; do printf -- '---\n'; cat "$f"; done; } > "$DIR/kwok/kwok.yaml"
+  HOME="$DIR/kwok" KUBE_FEATURE_WatchListClient=false spawn kwok "$KWOK_BIN/kwok" --kubeconfig="$DIR/pki/kwok.kubeconfig" --config="$DIR/kwok/kwok.yaml" \
+    --manage-nodes-with-label-selector="$KWOK_SELECTOR" --server-address="127.0.0.1:$KWOK_PORT" \
+    --cidr="$KWOK_POD_CIDR" --node-lease-duration-seconds=40
 }

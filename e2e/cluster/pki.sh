@@ -12,7 +12,8 @@ kube-proxy:/CN=system:kube-proxy
 apiserver-kubelet-client:/CN=kube-apiserver-kubelet-client
 coredns:/CN=e2e:coredns
 kuberay-operator:/CN=e2e:kuberay-operator
-kueue:/CN=e2e:kueue"
+kueue:/CN=e2e:kueue
+kwok:/CN=e2e:kwok"
 
 _sign() {  # _sign NAME SUBJECT EXTENSIONS
   local d="$DIR/pki"
@@ -26,7 +27,12 @@ _sign() {  # _sign NAME SUBJECT EXTENSIONS
 
 pki() {
   local d="$DIR/pki" line
-  [ -f "$d/.complete" ] && return 0
+  if [ -f "$d/.complete" ]; then  # kept across starts: only a client added since (kwok) is signed now
+    while IFS=: read -r name subj; do
+      [ -f "$d/$name.crt" ] || { _sign "$name" "$subj" "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature" && chmod 600 "$d/$name".*; } || return 1
+    done <<< "$CLIENTS"
+    return 0
+  fi
   rm -rf "$d"; mkdir -p "$d"; chmod 700 "$d"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
     -subj "/CN=gemma3-ray-e2e-ca" -addext "basicConstraints=critical,CA:TRUE" \

@@ -24,8 +24,8 @@ from e2e.support.deadline import CLEANUP_RESERVE_S, DEADLINE, OutOfTime
 from e2e.support.errors import StageError
 from e2e.support.record import PASS, Record
 
-SETUP, FIRST, CT, DAY2, RELEASE = "setup", "first", "ct", "day2", "release"
-GROUPS = (SETUP, FIRST, CT, DAY2, RELEASE)
+SETUP, FIRST, CT, DAY2, RELEASE, FLEET = "setup", "first", "ct", "day2", "release", "fleet"
+GROUPS = (SETUP, FIRST, CT, DAY2, RELEASE, FLEET)
 DEFAULT_ONLY = f"{FIRST},{CT}"
 
 
@@ -51,6 +51,8 @@ def _f(module: str, name: str) -> Callable[[Any], str]:
 
 
 FIRST_RUN = ("install", "RayJob SUCCEEDED")
+_SIMULATED = ("Pods on the simulated nodes never run a container (kwok marks them Running): the claim is placement "
+              "by the real kube-scheduler, not training.")
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("cluster start", SETUP, "e2e/cluster/cluster.sh starts a one-node Kubernetes of real parts with the KubeRay "
               "operator and Kueue.", _f("setup", "cluster_start"), typical_s=60),
@@ -151,6 +153,20 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("release: SUCCEEDED", RELEASE, "The RayJob of the chart installed from the registry reaches SUCCEEDED, "
               "as the directory install does.", _f("release", "succeeded"), needs=("release: install by digest",),
               typical_s=240),
+    # ------------------------------------------------------------------------------------------ fleet (opt-in, #43)
+    # `make e2e ARGS="--only first,fleet"`: needs kwok beside the local cluster (e2e/build/parts.sh build kwok);
+    # elsewhere each row is "not run" with the reason (e2e/stages/fleet.py).
+    StageSpec("fleet: values files placed", FLEET, "Every values file whose workers want GPUs, installed as shipped "
+              "on kwok-simulated GKE nodes of its pool (labels, taints, GPUs and allocatable as GKE gives them), has "
+              "each worker bound to that pool, one per node, requesting the node's GPUs, and its head on a node "
+              "without GPUs. " + _SIMULATED, _f("fleet", "values_files"), typical_s=300),
+    StageSpec("fleet: machine families placed", FLEET, "`gemma3-ray values --machine-type M --replicas 2` of every "
+              "GPU family the plugin knows places its two workers on two simulated M nodes, one each, with all their "
+              "GPUs, and the head off the GPU nodes. " + _SIMULATED, _f("fleet", "machine_families"), typical_s=600),
+    StageSpec("fleet: cannot fit", FLEET, "values/tutorial.yaml on a pool one node short leaves one worker Pending "
+              "with the scheduler's `Insufficient nvidia.com/gpu`; on the same machines without its reservation, "
+              "every worker Pending with the scheduler's node-selector reason. " + _SIMULATED,
+              _f("fleet", "cannot_fit"), typical_s=150),
 )
 
 

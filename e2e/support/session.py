@@ -34,7 +34,8 @@ RUN_ID = os.environ.get("E2E_RUN_ID") or secrets.token_hex(3)
 KUEUE_KINDS = ("clusterqueues.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io",
                "workloadpriorityclasses.kueue.x-k8s.io", "admissionchecks.kueue.x-k8s.io",
                "provisioningrequestconfigs.kueue.x-k8s.io")
-CLUSTER_KINDS = (*KUEUE_KINDS, "priorityclasses")  # the cluster-scoped kinds a run makes, in deletion order
+# the cluster-scoped kinds a run makes, in deletion order; nodes: the `fleet` group's simulated nodes (kwok)
+CLUSTER_KINDS = (*KUEUE_KINDS, "priorityclasses", "nodes")
 __all__ = ["RUN_LABEL", "Session"]
 
 

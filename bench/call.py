@@ -60,10 +60,12 @@ JOB_START_RE = re.compile(r"gemma3-ray job start: ([0-9.]+) s from submission")
 SPLIT_RE = re.compile(r"^\s{2,}(\S.*?)\s{2,}(-?[0-9.]+) s")
 # Ray's prefix on a worker's or the driver's lines: "(RayTrainWorker pid=812) ", "(TrainController pid=9, ip=…) "
 RAY_PREFIX_RE = re.compile(r"^\([A-Za-z_][\w.]* pid=\d+[^)]*\) ?")
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its prefixes
 
 
 def job_start_result(log: str) -> dict[str, Any]:
     """The job start split the job printed at its first optimizer step."""
+    log = ANSI_RE.sub("", log)
     m = JOB_START_RE.search(log)
     if not m:
         return {"ok": False, "error": "no 'gemma3-ray job start' line in the job's log"}

@@ -128,12 +128,18 @@ def ratio(a: float | None, b: float | None, nd: int = 2) -> str:
 
 
 def headline(rows: dict[str, dict[str, Any]], source: str, others: dict[str, dict[str, Any]] | None = None,
-             others_source: str = "") -> list[str]:
-    """RESULTS.md's first lines: the default's ratios from one call, then freeze_vision and the job start."""
+             others_source: str = "", earlier: dict[str, dict[str, Any]] | None = None,
+             earlier_source: str = "") -> list[str]:
+    """RESULTS.md's first lines: the default's ratios from one call, then freeze_vision and the job start. A row the
+    call lacks (the tutorial's, when the call's time went to the others) may come from an `earlier` call of the same
+    speed path, named beside its ratio."""
     tut, plain, uns, dflt = (sps(rows.get(n)) for n in (TUTORIAL, PLAIN, UNSLOTH, DEFAULT))
+    tut_from = ""
+    if tut is None and earlier and sps(earlier.get(TUTORIAL)) is not None:
+        tut, tut_from = sps(earlier[TUTORIAL]), f" (its row from `{earlier_source}`)"
     uv = (rows.get(UNSLOTH) or {}).get("versions", {}).get("unsloth", "?")
-    lines = [f"default: {fmt(dflt)} samples/s, {ratio(dflt, tut, 1)} the tutorial recipe, {ratio(dflt, plain)} plain TRL, "
-             f"{ratio(dflt, uns)} Unsloth {uv} ({fmt(uns)}), one call: `{source}`"]
+    lines = [f"default: {fmt(dflt)} samples/s, {ratio(dflt, tut, 1)} the tutorial recipe{tut_from}, {ratio(dflt, plain)} "
+             f"plain TRL, {ratio(dflt, uns)} Unsloth {uv} ({fmt(uns)}), one call: `{source}`"]
     both = {**(others or {}), **rows}
     fv = (both.get(FREEZE) or {}).get("workload") or {}
     where = others_source if others and FREEZE in others else source
@@ -148,12 +154,13 @@ def headline(rows: dict[str, dict[str, Any]], source: str, others: dict[str, dic
 
 
 def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | None,
-            others: dict[str, dict[str, Any]] | None = None, others_source: str = "") -> str:
+            others: dict[str, dict[str, Any]] | None = None, others_source: str = "",
+            earlier: dict[str, dict[str, Any]] | None = None, earlier_source: str = "") -> str:
     fv = ((others or {}).get(FREEZE) or rows.get(FREEZE) or {}).get("workload") or {}
     v = next((r["versions"] for r in rows.values() if r.get("versions", {}).get("torch")), {})
     calls = sorted({r.get("call") for r in rows.values() if r.get("call")})
     head = [
-        *headline(rows, source, others, others_source),
+        *headline(rows, source, others, others_source, earlier, earlier_source),
         "",
         "# Training speed: the trainer's own path on one H200 (Gemma 3 4B, random weights)",
         "",
@@ -183,9 +190,10 @@ def section(rows: dict[str, dict[str, Any]], source: str, e2e: dict[str, Any] | 
         f"{rows[FREEZE]['tflop_per_sample']:.1f} with `freeze_vision` (its MFU uses its own, smaller count)."
         if DEFAULT in rows and FREEZE in rows else "",
         "",
-        "**Peak memory** (PyTorch's reserved peak, GiB) is in the table: the default at micro-batch 16 stays "
-        "under 110 GiB (an earlier call of the same code, `round2-call3-h200.jsonl`, saw 108.5). On an 80 GB "
-        "H100 set `per_device_train_batch_size=8`.",
+        "**Peak memory** (PyTorch's reserved peak, GiB) is in the table"
+        + (f": the default at micro-batch 16 reserved {rows[DEFAULT]['peak_reserved_gib']:.1f} GiB in this call. "
+           if rows.get(DEFAULT, {}).get("peak_reserved_gib") else ". ")
+        + "On an 80 GB H100 set `per_device_train_batch_size=8`.",
         "",
         *(["## Where the time goes (per optimizer step of 64 samples, from the phase-hook step)", "",
            phases(rows, timed), ""] if (timed := [n for n in (PLAIN, "round1", DEFAULT)
@@ -319,6 +327,8 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--with", dest="others", type=Path, default=None,
                         help="a second call's results (freeze_vision, the job start) for the headline")
+    parser.add_argument("--earlier", type=Path, default=None,
+                        help="an earlier call of the same speed path whose rows fill what the first lacks (the tutorial's)")
     parser.add_argument("--write", type=Path, default=None)
     parser.add_argument("--e2e", type=Path, default=None, help="the Ray job's metrics.jsonl")
     parser.add_argument("--notes", type=Path, default=None, help="text appended to the section (levers, targets)")
@@ -330,7 +340,10 @@ def main() -> None:
         ok &= print_check(a.others)
     e2e = e2e_steady(a.e2e)
     if a.write:
-        write(a.write, section(rows, str(a.results), e2e, others, str(a.others or "")) + "\n"
+        if a.earlier and load(a.earlier).get(DEFAULT, {}).get("speed_path") != rows.get(DEFAULT, {}).get("speed_path"):
+            raise SystemExit(f"bench.report: {a.earlier} measured another speed path than {a.results}")
+        write(a.write, section(rows, str(a.results), e2e, others, str(a.others or ""),
+                               load(a.earlier) if a.earlier else None, str(a.earlier or "")) + "\n"
               + (a.notes.read_text() if a.notes else ""))
     if e2e:
         bench = sps(rows.get(DEFAULT))

@@ -171,7 +171,7 @@ def plan(group: str) -> subprocess.CompletedProcess:
 def test_plan_prints_each_command_without_a_gpu():
     proc = plan("headline")
     assert proc.returncode == 0, proc.stderr
-    assert "unsloth (240s):" in proc.stdout and "-m bench.unsloth_row" in proc.stdout
+    assert "unsloth (330s):" in proc.stdout and "-m bench.unsloth_row" in proc.stdout
     assert "-m bench.bench run --recipe default --name default" in proc.stdout
     bad = plan("everything")
     assert bad.returncode != 0 and "bench: group 'everything' is not in scenarios.toml" in bad.stderr
@@ -201,3 +201,14 @@ def test_job_start_split_is_read_through_rays_worker_prefix():
     assert res["ok"] and res["job_start_s"] == 79.6
     assert res["split"]["first optimizer step (incl. first batch)"] == 15.0
     assert len(res["split"]) >= 8
+
+
+def test_job_start_split_is_read_from_a_real_ray_job_log():
+    """The lines as a GPU call's Ray job printed them (bench/results/2026-12-04-1912-workloads.jsonl's job_start, whose
+    split came back empty): Ray's prefix in colour before each worker line."""
+    log = (Path(__file__).parent / "data" / "job-start-ray-prefixed.log").read_text()
+    assert "\x1b[36m(RayTrainWorker" in log
+    res = call.job_start_result(log)
+    assert res["ok"] and res["job_start_s"] == 72.5
+    assert res["split"]["first optimizer step (incl. first batch)"] == 15.0
+    assert res["split"]["of which: Ray start, placement, worker spawn"] == 24.4

@@ -10,7 +10,7 @@ CHANGELOG entry `## [VERSION] - DATE`, then:
     python -m scripts.chart_digest                    # print it and whether it matches (exit 1 if not)
     python -m scripts.chart_digest --write --rewrite  # replace a recorded one: only for a version never released
 
-Run from the repository root; it reads the plugin of this checkout (plugin/), not an installed one.
+Run from the repository root with the checkout's own venv (`make setup` installs its plugin/ editable there).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None, chart: Path = CHART) -> int:
     if unknown or ("--rewrite" in argv and "--write" not in argv):
         print("usage: python -m scripts.chart_digest [--write [--rewrite]]", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(ROOT / "plugin"))
     from gemma3_ray.config import chart_digest, chart_version
 
     version = chart_version.read(chart).version

@@ -55,10 +55,18 @@ NOT_ROOMS = {
 }
 
 
+def ignored(root: Path, name: str) -> bool:
+    """A folder git ignores (run outputs such as e2e-output/, caches): not part of the house."""
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(root), "check-ignore", "-q", name], capture_output=True).returncode == 0
+
+
 def house_folders(root: Path) -> set[str]:
-    """The top-level folders of ``root`` that hold Python (hidden ones and virtualenvs left out)."""
+    """The top-level folders of ``root`` that hold Python (hidden ones, virtualenvs and what git ignores left out)."""
     return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
-            and not (p / "pyvenv.cfg").exists() and next(p.rglob("*.py"), None) is not None}
+            and not (p / "pyvenv.cfg").exists() and next(p.rglob("*.py"), None) is not None
+            and not ignored(root, p.name)}
 
 
 def unplaced_folders(house: dict[str, Room], root: Path = ROOT) -> list[str]:

@@ -211,12 +211,7 @@ def test_kwok_is_started_managing_only_its_label_with_our_config_and_home(tmp_pa
 
 
 def test_kwok_gets_its_upstream_role_bound_to_its_own_user_only_when_built(tmp_path: Path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("manifests", ROOT / "e2e" / "cluster" / "manifests.py")
-    assert spec and spec.loader
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    from e2e.cluster import manifests as m
     for d, name in ((tmp_path / "kuberay", "kuberay-operator"), (tmp_path / "kueue", "manager-role"),
                     (tmp_path / "kwok", "kwok-controller")):
         (d / "rbac").mkdir(parents=True)

@@ -170,6 +170,9 @@ def place(h: Any, case: Case, cdir: Path) -> str:
         head_node = nodes.get(head_on) or h.kube.get("node", head_on, "default")
         text = check(case, heads, workers, nodes, head_node)
         h.uninstall(case.name, ns)
+        # the next case makes nodes of the same names: a pod of this one still bound there would hold their CPUs
+        # and memory (2026-12-04: a3-edgegpu-8g's workers "Insufficient cpu" beside a2-ultragpu-8g's)
+        h.kube.wait_for(f"{case.name}: its pods gone before its nodes", lambda: not any(ray_pods(h, ns)), PODS_S, ns)
         return text
     finally:
         delete_nodes(h, list(nodes))

@@ -106,6 +106,7 @@ class FakeKube:
     def __init__(self, bind: dict[str, str] | None = None, ready: bool = True) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.gone: set[str] = set()  # namespaces whose release was uninstalled and whose pods the GC removed
         self.bind, self.ready = bind or {}, ready
 
     def k(self, *args: str, input_text: str | None = None, **_: Any) -> Any:
@@ -127,6 +128,8 @@ class FakeKube:
     def items(self, kind: str, ns: str | None, selector: str = "") -> list[dict[str, Any]]:
         if kind == "nodes":
             return list(self.nodes.values())
+        if ns in self.gone:
+            return []
         gpu = sorted(n for n, o in self.nodes.items() if o["metadata"]["labels"][fleet_nodes.POOL] == "gpu-pool")
         cpu = next(n for n, o in self.nodes.items() if o["metadata"]["labels"][fleet_nodes.POOL] == "cpu-pool")
         return [_pod("h", "head", cpu)] + [_pod(f"w{i}", "worker", self.bind.get(n, n), 8) for i, n in enumerate(gpu)]
@@ -144,7 +147,7 @@ class FakeKube:
 def _harness(kube: FakeKube, tmp_path: Path) -> Any:
     h = SimpleNamespace(kube=kube, session=SimpleNamespace(run_id=RUN), installed=[], out_dir=tmp_path)
     h.namespace = lambda name: name
-    h.uninstall = lambda release, ns: kube.calls.append(("uninstall", release, ns))
+    h.uninstall = lambda release, ns: kube.calls.append(("uninstall", release, ns)) or kube.gone.add(ns)
     return h
 
 
@@ -156,6 +159,17 @@ def test_place_creates_checks_uninstalls_and_deletes_its_nodes(tmp_path: Path) -
     assert install[-2:] == ("-f", str(ROOT / "values" / "tutorial.yaml"))  # as shipped: no --set
     assert ("uninstall", "f-tutorial", run_name("f-tutorial")) in kube.calls
     assert kube.nodes == {}, "the run's simulated nodes are deleted after the case"
+
+
+def test_a_case_waits_for_its_pods_to_go_before_the_next_reuses_the_node_names(tmp_path: Path) -> None:
+    """2026-12-04's run: the nodes were deleted while the previous case's pods stayed bound to their names, and the
+    next case's nodes (same names) were full: "Insufficient cpu". Pods that do not go fail the case; nodes still go."""
+    kube = FakeKube()
+    h = _harness(kube, tmp_path)
+    h.uninstall = lambda release, ns: kube.calls.append(("uninstall", release, ns))  # the pods stay
+    with pytest.raises(StageError, match="its pods gone before its nodes"):
+        fleet.place(h, _case(), tmp_path)
+    assert kube.nodes == {}
 
 
 def test_the_nodes_go_when_the_check_fails_or_kwok_never_makes_them_ready(tmp_path: Path) -> None:

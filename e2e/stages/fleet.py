@@ -20,6 +20,7 @@ tests/e2e/test_fleet_stage.py runs this module with kubectl's and helm's answers
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -56,9 +57,12 @@ def _kwok_log(cdir: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-8:]) if log.is_file() else ""
 
 
+CASE_TAGS = itertools.count(1)  # each case's nodes get names of their own
+
+
 def create_nodes(h: Any, pools: tuple[fleet_nodes.Pool, ...], cdir: Path) -> dict[str, dict[str, Any]]:
     """The pools' nodes, created and waited on until kwok has them Ready (and the not-ready taint is gone)."""
-    objs = fleet_nodes.nodes(list(pools), h.session.run_id)
+    objs = fleet_nodes.nodes(list(pools), h.session.run_id, f"c{next(CASE_TAGS)}")
     h.kube.k("create", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}),
              timeout=120)
     names = {o["metadata"]["name"] for o in objs}

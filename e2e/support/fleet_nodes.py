@@ -137,8 +137,8 @@ def _reservation_parts(reservation: str) -> dict[str, str]:
     return {k: v for k, v in m.groupdict().items() if v}
 
 
-def labels(pool: Pool, index: int, run_id: str) -> dict[str, str]:
-    name = node_name(pool, index, run_id)
+def labels(pool: Pool, index: int, run_id: str, tag: str = "") -> dict[str, str]:
+    name = node_name(pool, index, run_id, tag)
     out = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "arm64" if pool.machine_type.startswith(ARM_FAMILIES) else "amd64",
@@ -174,11 +174,13 @@ def taints(pool: Pool) -> list[dict[str, str]]:
     return out
 
 
-def node_name(pool: Pool, index: int, run_id: str) -> str:
-    return f"fleet-{run_id}-{pool.name}-{index}"
+def node_name(pool: Pool, index: int, run_id: str, tag: str = "") -> str:
+    """`tag` keeps one case's nodes apart from another's: a name made again right after its node went meets what
+    the cluster still holds of the old one (2026-12-04: the next case's nodes looked full)."""
+    return f"fleet-{run_id}-{tag + '-' if tag else ''}{pool.name}-{index}"
 
 
-def node(pool: Pool, index: int, run_id: str) -> dict[str, Any]:
+def node(pool: Pool, index: int, run_id: str, tag: str = "") -> dict[str, Any]:
     """The Node object of the pool's index-th node (status as a kubelet would register it; kwok keeps it Ready)."""
     if pool.capacity not in CAPACITIES:
         raise ValueError(f"pool {pool.name}: capacity {pool.capacity!r} is not one of {', '.join(CAPACITIES)}")
@@ -193,15 +195,15 @@ def node(pool: Pool, index: int, run_id: str) -> dict[str, Any]:
         res[GPU] = alloc[GPU] = str(pool.gpus)
     return {
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": node_name(pool, index, run_id), "labels": labels(pool, index, run_id),
+        "metadata": {"name": node_name(pool, index, run_id, tag), "labels": labels(pool, index, run_id, tag),
                      "annotations": {KWOK_LABEL[0]: KWOK_LABEL[1], "node.alpha.kubernetes.io/ttl": "0"}},
         "spec": {"taints": taints(pool)} if taints(pool) else {},
         "status": {"capacity": res, "allocatable": alloc, "phase": "Running"},
     }
 
 
-def nodes(pools: list[Pool], run_id: str) -> list[dict[str, Any]]:
-    return [node(p, i, run_id) for p in pools for i in range(p.nodes)]
+def nodes(pools: list[Pool], run_id: str, tag: str = "") -> list[dict[str, Any]]:
+    return [node(p, i, run_id, tag) for p in pools for i in range(p.nodes)]
 
 
 def cpu_pool(nodes_: int = 1, machine_type: str = CPU_POOL_MACHINE) -> Pool:

@@ -159,6 +159,9 @@ def test_place_creates_checks_uninstalls_and_deletes_its_nodes(tmp_path: Path) -
     assert install[-2:] == ("-f", str(ROOT / "values" / "tutorial.yaml"))  # as shipped: no --set
     assert ("uninstall", "f-tutorial", run_name("f-tutorial")) in kube.calls
     assert kube.nodes == {}, "the run's simulated nodes are deleted after the case"
+    h, pools = _harness(FakeKube(), tmp_path), _case().pools
+    first, second = fleet.create_nodes(h, pools, tmp_path), fleet.create_nodes(h, pools, tmp_path)
+    assert not set(first) & set(second), "each case's nodes get names of their own (a name made again met the old one)"
 
 
 def test_a_case_waits_for_its_pods_to_go_before_the_next_reuses_the_node_names(tmp_path: Path) -> None:
@@ -172,9 +175,12 @@ def test_a_case_waits_for_its_pods_to_go_before_the_next_reuses_the_node_names(t
     assert kube.nodes == {}
 
 
-def test_the_nodes_go_when_the_check_fails_or_kwok_never_makes_them_ready(tmp_path: Path) -> None:
+def test_the_nodes_go_when_the_check_fails_or_kwok_never_makes_them_ready(tmp_path: Path, monkeypatch) -> None:
+    import itertools
+
     case = _case()
-    kube = FakeKube(bind={f"fleet-{RUN}-gpu-pool-1": f"fleet-{RUN}-gpu-pool-0"})  # both workers on one node
+    monkeypatch.setattr(fleet, "CASE_TAGS", itertools.count(1))  # this case's nodes: fleet-RUN-c1-…
+    kube = FakeKube(bind={f"fleet-{RUN}-c1-gpu-pool-1": f"fleet-{RUN}-c1-gpu-pool-0"})  # both workers on one node
     with pytest.raises(StageError, match="two workers on one node"):
         fleet.place(_harness(kube, tmp_path), case, tmp_path)
     assert kube.nodes == {}

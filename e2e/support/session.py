@@ -97,8 +97,20 @@ class Session:
         self.lease.start()
 
     # ------------------------------------------------------------------ what exists
+    def _served(self, kind: str) -> bool:
+        """Whether the cluster serves a kind now (asked each time: Kueue's CRDs may come during the run). A kind of
+        a group it does not serve cannot have objects; a discovery that fails is an error, never "not served"."""
+        if "." not in kind:
+            return True
+        group = kind.split(".", 1)[1]
+        names = self.kube.k("api-resources", f"--api-group={group}", "-o", "name", timeout=60).stdout.split()
+        return kind in names
+
     def _names(self, kind: str, selector: str = "") -> set[str]:
-        """Names of a kind (a failed listing is an error: never read as "none")."""
+        """Names of a kind (a failed listing is an error: never read as "none"; a kind the cluster does not serve
+        has none)."""
+        if not self._served(kind):
+            return set()
         return {o["metadata"]["name"] for o in self.kube.items(kind, None, selector)}
 
     def snapshot(self) -> None:

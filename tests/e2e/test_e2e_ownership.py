@@ -11,6 +11,7 @@ adopted; node labels were deleted at the end whatever values they had before.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -124,10 +125,12 @@ def test_an_expired_lease_removes_only_what_carries_its_id(kube: Kube) -> None:
     ns = dead.name("g3r-team-a")
     _apply(kube, _ns(ns, mine), _rf("dead01-cpu", mine), _cq("dead01-q", "dead01-cpu", mine), _wpc("dead01-high", mine),
            _pc("dead01-pc", mine),
-           _ns("other-team", {OLD_HOST_LABEL: "same-host"}), _prc("other-prc", OWNER), _wpc("batch-high", OWNER),
-           _pc("ml-training", {}), _rf("shared-cpu", OWNER))
+           _ns("other-team", {OLD_HOST_LABEL: "same-host"}), _prc("other-prc", OWNER), _wpc("other-team-high", OWNER),
+           _pc("other-training", {}), _rf("other-cpu", OWNER))
+    # names of their own: the server is shared by this worker's tests, and these stay until the test removes them
     foreign = [("namespace", "other-team"), ("provisioningrequestconfig", "other-prc"),
-               ("workloadpriorityclass", "batch-high"), ("priorityclass", "ml-training"), ("resourceflavor", "shared-cpu")]
+               ("workloadpriorityclass", "other-team-high"), ("priorityclass", "other-training"),
+               ("resourceflavor", "other-cpu")]
     before = _versions(kube, *foreign)
     _expire(kube, "dead01")
     run = Session(kube, run_id="next01")
@@ -143,6 +146,8 @@ def test_an_expired_lease_removes_only_what_carries_its_id(kube: Kube) -> None:
         assert _versions(kube, *foreign) == before
     finally:
         run.close(release=True)
+        for kind, name in foreign:  # what this test made, for the next test on this server
+            kube.k("delete", kind, name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def test_node_changes_are_put_back_by_the_next_run_after_a_hard_kill(kube: Kube) -> None:
@@ -338,3 +343,17 @@ def test_the_cluster_queues_quota_is_the_one_job_asked_for() -> None:
     assert shared_cluster.quota_problem(cq("5500m", "10440Mi"), job) == ""  # 1+4+0.5 cpu; 2Gi+8Gi+200Mi
     assert "want" in shared_cluster.quota_problem(cq("11", "20880Mi"), job)  # two jobs' quota: not what was asked
     assert shared_cluster.quota_problem({}, job) == "no resourceGroups: no quota"
+
+
+def test_a_kind_the_cluster_does_not_serve_has_nothing_left_and_a_cluster_that_does_not_answer_is_an_error(
+        kube: Kube, tmp_path: Path) -> None:
+    """A cluster without Kueue (CI's first tests ran before the CRDs came): nothing of a kind it does not serve
+    can be left, so `left()` lists none (before: "could not ask the cluster ... no resource type" put in "left",
+    and the run failed). A discovery that fails is still an error, never "nothing there"."""
+    run = Session(kube, run_id="nokind")
+    assert run._names("widgets.example.com") == set() and run._names("nodes") != set()
+    dead = tmp_path / "dead-kubeconfig"
+    dead.write_text(re.sub(r"server: \S+", "server: https://127.0.0.1:1", Path(kube.kubeconfig).read_text()))
+    gone = Session(Kube(dead, tmp_path / "log2"), run_id="nokind")
+    with pytest.raises(StageError):
+        gone.left()

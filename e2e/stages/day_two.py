@@ -97,6 +97,33 @@ def lost_head_problem(status: dict[str, Any], first_cluster: str, final_cluster:
     return "; ".join(problems)
 
 
+# What only training writes: a re-trained step leaves a checkpoint or the adapter written again (runs.py's folders)
+TRAINED_OUTPUTS = ("checkpoints/", "final/", "merged/")
+
+
+def retrained_problem(before: dict[str, str], after: dict[str, str], run_uri: str) -> str:
+    """'' when nothing training writes was written again: every checkpoint and adapter object of the finished run
+    has the generation it had (Cloud Storage gives each write a new one; no restart can write an old one back) and
+    none is new. Objects the driver may rewrite on any start (summary.json, metrics.jsonl) are not evidence."""
+    _, _, root = run_uri.partition("gs://")
+    root = root.partition("/")[2].rstrip("/") + "/"
+
+    def trained(objs: dict[str, str]) -> dict[str, str]:
+        return {n: g for n, g in objs.items() if n.startswith(root) and n[len(root):].startswith(TRAINED_OUTPUTS)}
+
+    was, now = trained(before), trained(after)
+    if not was:
+        return f"{run_uri}: no checkpoint or adapter objects before the rollback: nothing to compare"
+    if any(not g for g in (*was.values(), *now.values())):
+        return f"{run_uri}: the storage lists objects without a generation: a re-write could not be seen"
+    rewritten = sorted(n[len(root):] for n in was if n in now and now[n] != was[n])
+    new = sorted(n[len(root):] for n in now if n not in was)
+    gone = sorted(n[len(root):] for n in was if n not in now)
+    parts = ([f"written again: {', '.join(rewritten[:4])}"] if rewritten else []) + (
+        [f"new: {', '.join(new[:4])}"] if new else []) + ([f"removed: {', '.join(gone[:4])}"] if gone else [])
+    return f"{run_uri}: the rolled-back run trained again ({'; '.join(parts)})" if parts else ""
+
+
 def _lr_of(summary: dict[str, Any]) -> Any:
     return ((summary.get("definition") or {}).get("flags") or {}).get("learning_rate")
 
@@ -136,7 +163,7 @@ def rollback(h: Harness) -> str:
     if "upgraded" not in h.runs or current.rayjob == first.rayjob:
         raise StageError(f"nothing to roll back from: the release runs {current.rayjob}, revision 1's RayJob "
                          "(the stage 'upgrade' made no later revision)")
-    steps_before = len(_train_steps(h, first))
+    before = h.storage.generations(first.run_uri + "/")
     command = notes_line(h, RELEASE, "rollback")
     h.kube.run(as_printed(command, revision="1"), what="helm rollback (the NOTES line)", timeout=180)
     h.record.notes_line_ran("rollback")
@@ -146,10 +173,12 @@ def rollback(h: Harness) -> str:
                          f"run {first.run_name}")
     h.wait_run(run)
     summary = _finished(h, run)
-    retrained = len(_train_steps(h, run)) - steps_before
-    if retrained:
-        raise StageError(f"rollback re-trained {retrained} logged steps of the finished run {run.run_name}")
-    return f"{run.rayjob} SUCCEEDED: run {run.run_name} at step {summary['global_step']}, nothing re-trained"
+    problem = retrained_problem(before, h.storage.generations(run.run_uri + "/"), run.run_uri)
+    if problem:
+        raise StageError(problem)
+    return (f"{run.rayjob} SUCCEEDED: run {run.run_name} at step {summary['global_step']}, nothing re-trained (its "
+            f"{sum(1 for n in before if '/checkpoints/' in n or '/final/' in n)} checkpoint and adapter objects keep "
+            "their generations)")
 
 
 def _revision(h: Harness) -> int:

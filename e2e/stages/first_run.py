@@ -116,7 +116,7 @@ def run_notes_line(h: Harness, line: nc.NotesLine, run: Run, want_ray: str) -> s
         out, rc = _stream(h, argv, lambda got: not nc.watch_problem(got, None, run.rayjob), 30)
         problem = nc.watch_problem(out, rc, run.rayjob)
     elif line.kind == nc.FOLLOW:
-        out, rc = _stream(h, argv, lambda got: run.run_name in got, 120)
+        out, rc = _stream(h, argv, lambda got: nc.trainer_said(got, run.run_name), 120)
         problem = nc.follow_problem(out, rc, run.run_name)
     elif argv[0] == "gcloud":
         if not _which("gcloud"):
@@ -307,6 +307,7 @@ def plugin_shows(h: Harness) -> str:
     if run.rayjob not in status or "SUCCEEDED" not in status:
         raise StageError(f"gemma3-ray status does not show {run.rayjob} SUCCEEDED:\n{status[-600:]}")
     logs = h.kube.run([*base, "logs", *common], what="gemma3-ray logs", timeout=120).stdout
-    if run.run_name not in logs:
-        raise StageError(f"gemma3-ray logs does not show the run {run.run_name}:\n{logs[-600:]}")
+    if not nc.trainer_said(logs, run.run_name):
+        raise StageError(f"gemma3-ray logs does not show the trainer's summary of run {run.run_name} (its "
+                         f"{nc.TRAINER_BANNER!r} block):\n{logs[-600:]}")
     return f"status: {len(status.splitlines())} lines, logs: {len(logs.splitlines())} lines"

@@ -265,13 +265,12 @@ def run_script(argv: list[str], log: Path, timeout: float, what: str, env: dict[
     limit = DEADLINE.cap(timeout, what)
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"$ {shlex.join(argv)}\n")
-    try:  # a signal reaches the script, which finishes its clean-up (e2e/support/proc.py)
-        proc = run_child(argv, timeout=limit, cwd=ROOT, env={**os.environ, **(env or {})})
+    try:  # a signal reaches the script, which finishes its clean-up (e2e/support/proc.py); its output goes to
+        # the log line by line as it comes, so a timeout or ^C keeps what it said
+        proc = run_child(argv, timeout=limit, cwd=ROOT, env={**os.environ, **(env or {})}, log=log)
     except subprocess.TimeoutExpired as e:
         raise (DEADLINE.expired(f"{what}: `{shlex.join(argv)}`", limit, timeout) or
                StageError(f"{what}: `{shlex.join(argv)}` did not finish in {timeout:.0f} s")) from e
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-10:])
         raise StageError(f"{what}: `{shlex.join(argv)}` exited {proc.returncode}:\n{tail}")

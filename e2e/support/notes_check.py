@@ -123,12 +123,25 @@ def watch_problem(output: str, returncode: int | None, rayjob: str) -> str:
     return ""
 
 
+# The trainer's own closing block (trainer/vision_train.py print_summary): its banner, then `  run_name  <name>`.
+# Ray's echo of the entrypoint carries the run name too (`--run_name=<name>`), so the name alone proves nothing.
+TRAINER_BANNER = "gemma3-ray training summary"
+
+
+def trainer_said(output: str, run_name: str) -> bool:
+    """Whether output holds the trainer's own summary of run_name: the banner and its `run_name <name>` row."""
+    row = re.compile(rf"(?:^|\s)run_name\s+{re.escape(run_name)}\s*$", re.M)
+    return bool(run_name) and TRAINER_BANNER in output and row.search(output) is not None
+
+
 def follow_problem(output: str, returncode: int | None, run_name: str) -> str:
-    """What is wrong with `kubectl logs -f job/X`, '' when it showed the run's own name and did not fail."""
+    """What is wrong with `kubectl logs -f job/X`, '' when it showed the trainer's own summary of the run and did
+    not fail."""
     if returncode not in (None, 0):
         return f"exited {returncode}: {output.strip()[-300:]!r}"
-    if not run_name or run_name not in output:
-        return f"did not show the run's name {run_name!r}: {output.strip()[-300:]!r}"
+    if not trainer_said(output, run_name):
+        return (f"did not show the trainer's summary of run {run_name!r} (its {TRAINER_BANNER!r} block): "
+                f"{output.strip()[-300:]!r}")
     return ""
 
 

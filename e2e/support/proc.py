@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # How long a script gets to finish its clean-up after the signal (cluster.sh stop takes 5-15 s here;
@@ -57,10 +60,40 @@ def shielded(say=print) -> Iterator[list[int]]:
             signal.signal(s, h)
 
 
-def run_child(argv: list[str], *, timeout: float, cwd=None, env=None) -> subprocess.CompletedProcess[str]:
-    """Run argv to its end, output captured. On a signal here: the same signal to the child, then wait
-    (up to CHILD_CLEANUP_S) for it to finish its clean-up, then re-raise. On timeout: SIGTERM, the same wait,
-    then subprocess.TimeoutExpired."""
+class _Tee:
+    """The child's stdout and stderr read a line at a time as they come: each line appended to the log at once
+    (a timeout, ^C or a kill of make e2e keeps what the script said so far) and kept for the caller."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path) -> None:
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.lock = threading.Lock()
+        self.log = open(log, "a", encoding="utf-8")  # noqa: SIM115 - closed in join()
+        self.threads = [threading.Thread(target=self._read, args=(pipe, keep), daemon=True)
+                        for pipe, keep in ((proc.stdout, self.out), (proc.stderr, self.err))]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, pipe: IO[str], keep: list[str]) -> None:
+        for line in pipe:
+            keep.append(line)
+            with self.lock:
+                self.log.write(line)
+                self.log.flush()
+
+    def join(self) -> tuple[str, str]:
+        for t in self.threads:
+            t.join(timeout=30)  # the pipes close when the child (and what holds them) ends
+        with self.lock:
+            self.log.close()
+        return "".join(self.out), "".join(self.err)
+
+
+def run_child(argv: list[str], *, timeout: float, cwd=None, env=None,
+              log: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv to its end, output captured (and, with log, appended to it line by line as it comes). On a
+    signal here: the same signal to the child, then wait (up to CHILD_CLEANUP_S) for it to finish its clean-up,
+    then re-raise. On timeout: SIGTERM, the same wait, then subprocess.TimeoutExpired."""
     # A signal while Popen runs (the script may already run its first lines: seen under load, a ^C right after
     # the script's first output never reached it) is held until the child is known, then acted on as usual.
     held: list[int] = []
@@ -71,16 +104,25 @@ def run_child(argv: list[str], *, timeout: float, cwd=None, env=None) -> subproc
     except BaseException:
         _restore(outer)
         raise
+    tee = _Tee(proc, log) if log is not None else None
     try:
         _restore(outer)
         for signum in held:  # again, to the handler in force (Interrupted; in a clean-up, noted only)
             signal.raise_signal(signum)
-        out, err = proc.communicate(timeout=timeout)
+        if tee is None:
+            out, err = proc.communicate(timeout=timeout)
+        else:
+            proc.wait(timeout=timeout)
+            out, err = tee.join()
     except subprocess.TimeoutExpired:
-        _finish(proc, signal.SIGTERM)
+        _finish(proc, signal.SIGTERM, tee is None)
+        if tee is not None:
+            tee.join()
         raise
     except KeyboardInterrupt as e:
-        _finish(proc, getattr(e, "signum", signal.SIGINT))
+        _finish(proc, getattr(e, "signum", signal.SIGINT), tee is None)
+        if tee is not None:
+            tee.join()
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -90,8 +132,9 @@ def _restore(handlers: dict) -> None:
         signal.signal(s, h)
 
 
-def _finish(proc: subprocess.Popen, signum: int) -> None:
-    """Send signum to the child (its own session: nothing else sent it) and wait for it to end."""
+def _finish(proc: subprocess.Popen, signum: int, drain: bool = True) -> None:
+    """Send signum to the child (its own session: nothing else sent it) and wait for it to end (drain: reading
+    its pipes here; else a _Tee reads them)."""
     if proc.poll() is None:
         with suppress(ProcessLookupError):
             proc.send_signal(signum)
@@ -99,7 +142,10 @@ def _finish(proc: subprocess.Popen, signum: int) -> None:
     with shielded(lambda m: None):
         while proc.poll() is None and time.monotonic() < deadline:
             try:
-                proc.communicate(timeout=1)
+                if drain:
+                    proc.communicate(timeout=1)
+                else:
+                    proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 continue
             except ValueError:  # pipes already closed by an earlier communicate

@@ -210,7 +210,7 @@ STAND_IN = """#!/bin/bash
 out=$1
 cleanup() { trap '' INT TERM HUP; echo "got $1" >> "$out"; sleep 1.5; echo "cleaned $1" >> "$out"; exit 130; }
 trap 'cleanup INT' INT; trap 'cleanup TERM' TERM; trap 'cleanup HUP' HUP
-echo $$ > "$out.pid"; echo started >> "$out"
+echo "stand-in says it started"; echo $$ > "$out.pid"; echo started >> "$out"
 for i in $(seq 600); do sleep 0.1; done
 """
 
@@ -252,6 +252,7 @@ def test_a_signal_to_make_e2e_reaches_the_script_which_finishes_its_clean_up(tmp
     took = time.monotonic() - t0
     name = signal.Signals(sig).name.removeprefix("SIG")
     assert out.read_text().splitlines() == ["started", f"got {name}", f"cleaned {name}"]
+    assert "stand-in says it started" in (tmp_path / "log").read_text(), "what the script said before the signal is kept"
     assert took >= 1.4, "the driver returned before the script's clean-up ended"
     assert driver.returncode == 128 + sig
     assert (tmp_path / "out.driver").read_text() == f"interrupted {int(sig)}"

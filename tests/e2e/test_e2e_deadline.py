@@ -105,3 +105,17 @@ def test_a_stage_the_deadline_stops_is_not_run_time_and_so_is_every_row_after_it
                for n in later), rec.table()
     assert rec.row("install").result == PASS and not rec.failed and FAIL not in {s.result for s in rec.stages}
     assert DEADLINE.at is None, "the clean-up after the walk is never capped"
+
+
+def test_a_scripts_output_is_in_the_log_as_it_comes_and_stays_after_a_timeout(tmp_path: Path) -> None:
+    """Before: the script's output was written to the log only after it ended; a timeout or ^C lost all of it."""
+    log = tmp_path / "log"
+    script = "echo building part one; echo 'a warning' >&2; sleep 30"
+    with pytest.raises(StageError, match="did not finish"):
+        run_script(["bash", "-c", script], log, 1.5, "image build")
+    text = log.read_text()
+    assert "building part one" in text and "a warning" in text
+    # a script that ends: its stdout back whole, both streams in the log once
+    assert run_script(["bash", "-c", "echo out1; echo err1 >&2; echo out2"], log, 30, "x") == "out1\nout2\n"
+    lines = log.read_text().splitlines()
+    assert lines.count("out1") == 1 and lines.count("err1") == 1 and lines.count("out2") == 1

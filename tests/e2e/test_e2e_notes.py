@@ -103,7 +103,25 @@ def test_follow_fails_without_the_runs_own_name() -> None:
     assert nc.follow_problem("training r2-other\n", 0, "r1-20261202-1")
     assert nc.follow_problem("", 0, "")
     assert nc.follow_problem("run r1-20261202-1\n", 1, "r1-20261202-1").startswith("exited 1")
-    assert nc.follow_problem("run r1-20261202-1\n", 0, "r1-20261202-1") == ""
+    assert nc.follow_problem(SUMMARY, 0, "r1-20261202-1") == ""
+
+
+SUMMARY = ("fresh run r1-20261202-1\n" + "=" * 72 + "\ngemma3-ray training summary\n"
+           "  run_name                     r1-20261202-1\n  global_step                  5\n" + "=" * 72 + "\n")
+ECHO = ("2026-12-04 10:00:01,000 INFO cli.py:41 -- Job submitted; entrypoint: python -m trainer.vision_train "
+        "--run_name r1-20261202-1 --max_steps=5\n2026-12-04 10:00:02 Runtime env is setting up.\n")
+
+
+def test_logs_need_the_trainers_own_summary_not_rays_echo_of_the_entrypoint() -> None:
+    """Before: the run's name anywhere passed, and Ray's echo of the entrypoint (`--run_name <name>`) carries it
+    from the first second: a job whose trainer printed nothing passed `logs -f` and `gemma3-ray logs`."""
+    name = "r1-20261202-1"
+    assert not nc.trainer_said(ECHO, name) and nc.follow_problem(ECHO, 0, name)
+    assert not nc.trainer_said(ECHO + "  --run_name=r1-20261202-1\n", name)
+    assert nc.trainer_said(SUMMARY, name) and nc.trainer_said(ECHO + SUMMARY, name)
+    assert not nc.trainer_said(SUMMARY, "r1-2026120"), "a prefix of the name is not the name"
+    prefixed = "".join(f"[pod/e2e-submitter-x/ray-job-submitter] {line}\n" for line in SUMMARY.splitlines())
+    assert nc.trainer_said(prefixed, name), "kubectl logs --prefix keeps the row"
 
 
 # ---------------------------------------------------------------------------------------------- port-forward

@@ -184,9 +184,10 @@ class BucketStorage(RunStorage):
     def _download(self, bucket: str, name: str) -> bytes:
         return self._do(f"reading gs://{bucket}/{name}", self.client().bucket(bucket).blob(name).download_as_bytes)
 
-    def list(self, uri: str) -> list[str]:
+    def generations(self, uri: str) -> dict[str, str]:
         bucket, prefix = _split(uri)
-        return self._do(f"listing {uri}", lambda: [b.name for b in self.client().list_blobs(bucket, prefix=prefix)])
+        return self._do(f"listing {uri}", lambda: {b.name: str(b.generation)
+                                                   for b in self.client().list_blobs(bucket, prefix=prefix)})
 
     def cleanup(self) -> list[str]:
         """Delete every object under the run's prefix (with its slash: never a sibling sharing its start)."""

@@ -210,16 +210,17 @@ class EmulatorStorage(RunStorage):
     def _download(self, bucket: str, name: str) -> bytes:
         return self._call("GET", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media") or b""
 
-    def list(self, uri: str) -> list[str]:
+    def generations(self, uri: str) -> dict[str, str]:
         bucket, prefix = _split(uri)
-        names, token = [], ""
+        names: dict[str, str] = {}
+        token = ""
         while True:
             q = {"prefix": prefix, **({"pageToken": token} if token else {})}
             body = self._call("GET", f"/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(q)}", ok404=True)
             if body is None:
                 return names
             page = json.loads(body)
-            names += [o["name"] for o in page.get("items", [])]
+            names.update({o["name"]: str(o.get("generation", "")) for o in page.get("items", [])})
             token = page.get("nextPageToken", "")
             if not token:
                 return names

@@ -88,9 +88,14 @@ class RunStorage:
     def _download(self, bucket: str, name: str) -> bytes:
         raise NotImplementedError
 
+    def generations(self, uri: str) -> dict[str, str]:
+        """Object name -> generation under gs://bucket/prefix. Cloud Storage gives every write of an object a new
+        generation, and nothing a job does can write an object back with an old one: what a restart cannot fake."""
+        raise NotImplementedError
+
     def list(self, uri: str) -> list[str]:
         """Object names under gs://bucket/prefix."""
-        raise NotImplementedError
+        return list(self.generations(uri))
 
     def upload_tree(self, local: Path, uri: str) -> int:
         """Upload a file, or a folder's files, under gs://bucket/prefix; the count."""

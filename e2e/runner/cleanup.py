@@ -9,6 +9,7 @@ import shutil
 import time
 
 from e2e.stages.setup import CLUSTER_SH
+from e2e.support import foreign
 from e2e.support.errors import StageError
 from e2e.support.harness import OUT, Harness, run_script
 from e2e.support.record import Record
@@ -82,6 +83,11 @@ def _cleanup(rec: Record, harness: Harness | None, session: Session | None, stac
     for kind, obj in reversed(stack):
         if kind == "storage":
             continue
+        elif kind == "foreign" and harness is not None:  # the shared drills' "other team", made by this run
+            try:
+                problems += foreign.remove(harness.kube, obj)
+            except StageError as e:
+                problems.append(f"removing the drills' other-team objects: {e}")
         elif kind == "cluster" and not keep:
             try:
                 run_script([str(CLUSTER_SH), "stop", str(obj)], OUT / "cluster.log", 300, "cluster stop")

@@ -36,7 +36,8 @@ from e2e.support.storage import bucket as storage_bucket
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="make e2e", description=__doc__.splitlines()[0])
     p.add_argument("--keep", action="store_true", help="leave the local cluster and the releases running")
-    p.add_argument("--only", default=DEFAULT_ONLY, help="comma-separated groups or stages to run: first, ct, day2, fleet "
+    p.add_argument("--only", default=DEFAULT_ONLY, help="comma-separated groups or stages to run: first, ct, day2, release, fleet, "
+                   "shared "
                    "(default: first,ct; day2 needs first); `python -m e2e.runner.table` lists every stage")
     p.add_argument("--skip", default="", help="comma-separated stages or groups to leave out (each gets a row "
                    "'not run: skipped'; the stages that need one are 'not run: precondition unmet')")

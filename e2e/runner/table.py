@@ -24,8 +24,8 @@ from e2e.support.deadline import CLEANUP_RESERVE_S, DEADLINE, OutOfTime
 from e2e.support.errors import StageError
 from e2e.support.record import PASS, Record
 
-SETUP, FIRST, CT, DAY2, RELEASE, FLEET = "setup", "first", "ct", "day2", "release", "fleet"
-GROUPS = (SETUP, FIRST, CT, DAY2, RELEASE, FLEET)
+SETUP, FIRST, CT, DAY2, RELEASE, FLEET, SHARED = "setup", "first", "ct", "day2", "release", "fleet", "shared"
+GROUPS = (SETUP, FIRST, CT, DAY2, RELEASE, FLEET, SHARED)
 DEFAULT_ONLY = f"{FIRST},{CT}"
 
 
@@ -167,6 +167,22 @@ STAGES: tuple[StageSpec, ...] = (
               "with the scheduler's `Insufficient nvidia.com/gpu`; on the same machines without its reservation, "
               "every worker Pending with the scheduler's node-selector reason. " + _SIMULATED,
               _f("fleet", "cannot_fit"), typical_s=150),
+    # ------------------------------------------------------------------------------------------ shared (opt-in, #42)
+    # `make e2e ARGS="--only shared"`: the local cluster with kwok (e2e/stages/drills.py); elsewhere "not run".
+    StageSpec("shared: two runs at once", SHARED, "On the local cluster made multi-node (3 simulated GPU nodes beside "
+              "the real one), with another team's namespace, queues, Kueue objects, PriorityClass and a Workload Kueue "
+              "admitted made first: a second `make e2e --only first` (its own cache, output and run id, through "
+              "KUBECONFIG) runs beside this run's own release; both pass, the second leaves nothing, and the other "
+              "team's objects are byte-for-byte as they were.", _f("drills", "two_runs"), requires=("kueue",),
+              typical_s=600),
+    StageSpec("shared: killed mid elastic", SHARED, "A second run named the real node (E2E_NODE), SIGKILLed once its "
+              "Lease records the node's cordon; after its Lease expires, the next run names and removes what it left "
+              "and the node is as it was before (labels, taints, cordon); the other team's objects are untouched.",
+              _f("drills", "killed_elastic"), requires=("kueue",), typical_s=420),
+    StageSpec("shared: killed mid capacity fallback", SHARED, "The same for a second run SIGKILLed once its Lease "
+              "records the node labels of `capacity fallback` (reservation, flex-start): the labels the node had come "
+              "back, those it had not are removed, nothing foreign touched.", _f("drills", "killed_fallback"),
+              requires=("kueue",), typical_s=360),
 )
 
 

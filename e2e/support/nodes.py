@@ -16,7 +16,7 @@ from typing import Any
 
 from e2e.support.errors import NotRun, StageError
 from e2e.support.kube import Kube
-from e2e.support.lease import Lease
+from e2e.support.lease import Lease, all_leases, expired, node_record, run_of
 
 NODE_ENV = "E2E_NODE"
 
@@ -50,8 +50,20 @@ def _node(kube: Kube, name: str) -> dict[str, Any]:
     return node
 
 
+def held_by_another(kube: Kube, lease: Lease, name: str) -> str:
+    """The id of another run whose live Lease records changes to this node ('' when none): its record says what
+    to put back, and a second record made now would take its changes for the node's own values."""
+    return next((run_of(x) for x in all_leases(kube)
+                 if run_of(x) != lease.run_id and not expired(x) and name in node_record(x)), "")
+
+
 def change(kube: Kube, lease: Lease, name: str, *, labels: dict[str, str] | None = None, cordon: bool = False) -> None:
-    """Set these labels (and cordon) on the node, its values before recorded in the Lease first."""
+    """Set these labels (and cordon) on the node, its values before recorded in the Lease first. A node another live
+    run has changed is refused (its record would be overwritten by values that are that run's)."""
+    other = held_by_another(kube, lease, name)
+    if other:
+        raise StageError(f"node {name} is being changed by run {other} (its Lease records it): wait for that run to "
+                         f"end, or name another node with {NODE_ENV}")
     node = _node(kube, name)
     now = node["metadata"].get("labels") or {}
     record = lease.nodes()

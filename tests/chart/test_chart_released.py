@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from gemma3_ray.config import chart_digest
+from gemma3_ray.config import chart_digest, chart_version
 from helm_render import CHART
 
 from scripts import chart_digest as script
@@ -29,6 +29,13 @@ def test_0_1_0_is_released_and_its_artifact_is_what_its_entry_records() -> None:
         assert tgz.stat().st_size < MAX_ARTIFACT_BYTES, (tgz, tgz.stat().st_size)
         assert recorded.get(version), f"released {version} has no CHANGELOG.md entry with a content digest"
         assert chart_digest.archive_digest(tgz) == recorded[version], f"{tgz.name} is not the released {version}"
+
+
+def test_the_working_chart_is_a_version_after_every_released_one() -> None:
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("-")[0].split("+")[0].split("."))
+    version = chart_version.read(CHART).version
+    assert all(key(version) > key(v) for v in chart_digest.released(CHART)), version
 
 
 def _with_release(tmp_path: Path) -> Path:

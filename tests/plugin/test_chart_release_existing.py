@@ -14,33 +14,21 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from gemma3_ray import cli
 from gemma3_ray.config import chart_digest
 
 from tests.oci_registry import free_port, running
-from tests.plugin.conftest import ROOT
-
-CHART = ROOT / "charts" / "gemma3-ray"
-HELMS = {"helm4": ROOT / ".tools" / "bin" / "helm", "helm3": ROOT / ".tools" / "bin" / "helm3"}
-VERSION = re.search(r"^version: (\S+)$", (CHART / "Chart.yaml").read_text(), re.MULTILINE).group(1)  # type: ignore[union-attr]
-
-
-def _release(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    rc = cli.main(["release", *argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def _helm(monkeypatch: pytest.MonkeyPatch, name: str) -> str:
-    helm = HELMS[name]
-    if not helm.exists():
-        pytest.skip(f"{helm} is not installed: `make tools`")
-    monkeypatch.setenv("HELM_BIN", str(helm))
-    return str(helm)
+from tests.plugin.test_chart_release import (  # the release command's test helpers
+    CHART,
+    HELMS,
+    VERSION,
+    _helm,
+    _release,
+)
 
 
 def _manifest(host: str, repo: str, tag: str) -> str | None:

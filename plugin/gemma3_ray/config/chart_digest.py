@@ -87,7 +87,10 @@ def archive_digest(tgz: Path) -> str:
     """The content digest of a packaged chart (``helm package``'s .tgz, or a registry's chart layer): unpacked into
     a temporary folder (regular files and folders only, nothing outside it), then ``content_digest`` of its chart."""
     with tempfile.TemporaryDirectory(prefix="chart-digest-") as tmp, tarfile.open(tgz, "r:gz") as tar:
-        tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() or m.isdir()], filter="data")
+        members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not Path(m.name).is_absolute()
+                   and ".." not in Path(m.name).parts]
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python < 3.10.12: checked above
+        tar.extractall(tmp, members=members, **safe)  # noqa: S202 (members checked)
         (top,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
         return content_digest(top)
 

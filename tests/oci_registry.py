@@ -47,14 +47,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(folder: Path) -> Iterator[str]:
-    """The registry serving ``127.0.0.1:PORT`` (yielded), its blobs under ``folder``; stopped on every exit."""
+def running(folder: Path, readonly: bool = False) -> Iterator[str]:
+    """The registry serving ``127.0.0.1:PORT`` (yielded), its blobs under ``folder``; stopped on every exit. With
+    ``readonly`` it serves pulls and refuses pushes (distribution's maintenance mode)."""
     binary = skip_unless_built()
     port = free_port()
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yml"
     config.write_text(f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'blobs'}}}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
+                      + ("  maintenance: {readonly: {enabled: true}}\n" if readonly else "")
+                      + f"http:\n  addr: 127.0.0.1:{port}\n")
     with (folder / "registry.log").open("wb") as log:
         proc = subprocess.Popen([str(binary), "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

@@ -46,6 +46,7 @@ def yaml_files_to_lint() -> list[Path]:
         CHART / "Chart.yaml",
         CHART / "values.yaml",
         CHART / "checkov-skips.yaml",
+        CHART / "values-moved.yaml",
         *values_files(),
         *sorted((Path(__file__).parent / "bad-values").glob("*.yaml")),
         ROOT / "ct.yaml",

@@ -16,7 +16,7 @@ import pytest
 from gemma3_ray import cli
 
 from e2e.support.signing_key import Key, throwaway_key
-from tests.oci_registry import free_port, running
+from tests.oci_registry import running
 from tests.plugin.conftest import ROOT
 
 CHART = ROOT / "charts" / "gemma3-ray"
@@ -163,9 +163,11 @@ def test_apply_signs_pushes_and_prints_a_digest_that_verifies(helm_name: str, ke
 
 def test_a_failed_push_reports_no_digest(key: Key, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """Partial failure never reports success: packaged and signed, the push to a closed port fails in one sentence."""
+    """Partial failure never reports success: checked, packaged and signed, the push to a registry that serves
+    pulls but refuses pushes (distribution's read-only mode) fails in one sentence."""
     _helm(monkeypatch, "helm4")
-    rc, out, err = _release(["--registry", f"oci://127.0.0.1:{free_port()}/c", "--key", key.name, "--keyring",
-                             str(key.secring), "--plain-http", "--apply"], capsys)
-    assert rc == 1 and "Digest:" not in out and "helm install" not in out, out
+    with running(tmp_path / "registry", readonly=True) as host:
+        rc, out, err = _release(["--registry", f"oci://{host}/c", "--key", key.name, "--keyring",
+                                 str(key.secring), "--plain-http", "--apply"], capsys)
+    assert rc == 1 and "Digest:" not in out and "helm install" not in out and "packaged gemma3-ray-" in out, out
     assert err.startswith("gemma3-ray: error: helm push failed: ") and err.count("\n") == 1, err

@@ -5,7 +5,8 @@ Owns: argument parsing with redacted errors and the entry point (``entry``), the
 clients they resolve to (``common``), the bug report of an unexpected error (``bug_report``), and
 each command's flags and handler: prereqs, doctor, up, status, logs, down (``release_commands``);
 cluster create/delete/status and image build (``cluster_commands``); kueue setup
-(``kueue_command``); report (``report_command``); data shard (``data_command``); release, the chart
+(``kueue_command``); report (``report_command``); data shard (``data_command``); values --check, a values
+file written for an earlier chart version (``values_check_command``); release, the chart
 to an OCI registry (``chart_release_command``). A handler parses, then hands values (never the
 ``argparse.Namespace``) to the folder that does the work. Nothing below imports the CLI.
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gemma3_ray import __version__
-from gemma3_ray.cli import common
+from gemma3_ray.cli import common, values_check_command
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.utils import errors, tokens
 from gemma3_ray.utils.errors import EXIT_FAILURE, UserError
@@ -70,6 +70,9 @@ def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     from gemma3_ray.config import render
     from gemma3_ray.gcp import image_build
 
+    if values_check_command.checking(args):
+        return values_check_command.cmd_check(args)
+
     dep, clients = common.resolve(args, clients)
     extra = image_build.values(dep, clients) if args.image else []
     if args.output:
@@ -89,12 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("values", help="write a values file for the chart from gcloud state")
+    p = sub.add_parser("values", help="write a values file for the chart from gcloud state; --check FILE: check one "
+                       "written for an earlier chart version")
     common.add_common(p)
     p.add_argument("-o", "--output", help="values file to write; an existing one is updated in place "
                    "(its comments, order and other keys kept). Default: stdout")
     p.add_argument("--image", action="store_true", help="also the training image built by `image build` for these "
                    "sources (an error if it is not built); without it, image keys an earlier --image wrote are removed")
+    values_check_command.add_flags(p)
     p.set_defaults(handler=cmd_values)
     _register_more(sub)
     return parser

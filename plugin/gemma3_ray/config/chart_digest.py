@@ -8,6 +8,9 @@ CHANGELOG.md, ci/ (test values), checkov-skips.yaml, ``.helmignore`` itself.
 
 Each CHANGELOG.md entry ``## [VERSION] - DATE`` records the digest of that version's contents on a line
 ``Content digest: `sha256:…```; ``python -m scripts.chart_digest --write`` writes it for the current version.
+
+A released version has its artifact, ``charts/releases/NAME-VERSION.tgz`` (what a registry holds), beside the
+chart: its entry is never rewritten, and ``archive_digest`` of the .tgz is the digest its entry records.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ import hashlib
 import json
 import os
 import re
+import tarfile
+import tempfile
 from pathlib import Path
 
 from ruamel.yaml import YAML
 
-COUNTED = ("templates", "values.schema.json", "values.yaml", "files")
+COUNTED = ("templates", "values.schema.json", "values.yaml", "values-moved.yaml", "files")
 CHANGELOG = "CHANGELOG.md"
 WRITE = "python -m scripts.chart_digest --write"
 _ENTRY = re.compile(r"^## \[([^\]]+)\]", re.MULTILINE)
@@ -78,6 +83,30 @@ def content_digest(chart: Path) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
+def archive_digest(tgz: Path) -> str:
+    """The content digest of a packaged chart (``helm package``'s .tgz, or a registry's chart layer): unpacked into
+    a temporary folder (regular files and folders only, nothing outside it), then ``content_digest`` of its chart."""
+    with tempfile.TemporaryDirectory(prefix="chart-digest-") as tmp, tarfile.open(tgz, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not Path(m.name).is_absolute()
+                   and ".." not in Path(m.name).parts]
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python < 3.10.12: checked above
+        tar.extractall(tmp, members=members, **safe)  # noqa: S202 (members checked)
+        (top,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
+        return content_digest(top)
+
+
+def releases_folder(chart: Path) -> Path:
+    """Where the released artifacts live: ``releases/`` beside the chart's folder (charts/releases)."""
+    return chart.parent / "releases"
+
+
+def released(chart: Path) -> dict[str, Path]:
+    """Each released version of the chart and its artifact, ``releases/NAME-VERSION.tgz``."""
+    name = (YAML(typ="safe").load((chart / "Chart.yaml").read_text(encoding="utf-8")) or {}).get("name", chart.name)
+    found = sorted(releases_folder(chart).glob(f"{name}-*.tgz"))
+    return {p.name[len(name) + 1: -len(".tgz")]: p for p in found}
+
+
 def recorded(chart: Path) -> dict[str, str | None]:
     """Each CHANGELOG.md entry's version and the content digest it records (None: none recorded)."""
     path = chart / CHANGELOG
@@ -103,6 +132,11 @@ def write(chart: Path, version: str, *, rewrite: bool = False) -> tuple[str, str
                          "what changed (Keep a Changelog), then run this again.")
     digest = content_digest(chart)
     old = recorded(chart).get(version)
+    artifact = released(chart).get(version)
+    if old and old != digest and artifact is not None:
+        raise ValueError(f"version {version} is released ({artifact.parent.name}/{artifact.name}): its entry never "
+                         f"changes, not even with --rewrite; bump `version` in Chart.yaml and add a {CHANGELOG} entry "
+                         "for the new one.")
     if old and old != digest and not rewrite:
         raise ValueError(f"version {version} already records {old}: bump `version` in Chart.yaml and add a "
                          f"{CHANGELOG} entry for the new one (pass --rewrite only for a version never released).")

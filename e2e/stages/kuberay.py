@@ -7,7 +7,6 @@ back (with the first flavor's quota taken, the job is admitted on the second, an
 
 from __future__ import annotations
 
-import calendar
 import json
 import sys
 import time
@@ -17,7 +16,7 @@ from typing import Any
 from e2e.support import nodes
 from e2e.support.errors import StageError
 from e2e.support.harness import VALUES, Harness, Run
-from e2e.support.kube import Kube, ended
+from e2e.support.kube import Kube, ended, epoch
 from e2e.support.session import run_name
 
 KUBERAY_16 = "KubeRay >= 1.6"  # what the deletion-rule stage requires (stage_table `requires`)
@@ -48,10 +47,6 @@ def preflight(kube: Kube) -> dict[str, str]:
     return {}
 
 
-def _epoch(stamp: str) -> float:
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
-
-
 def _cluster_pods(h: Harness, ns: str, cluster: str) -> dict[str, list[str]]:
     """The cluster's pods that are not being deleted, by ray.io/node-type (head, worker)."""
     out: dict[str, list[str]] = {"head": [], "worker": []}
@@ -74,7 +69,7 @@ def deletion_rules(h: Harness) -> str:
         raise StageError(f"RayJob {ns}/{run.rayjob} as served: no deletionRules, or shutdownAfterJobFinishes kept: "
                          f"{json.dumps(spec.get('deletionStrategy'))[:300]}")
     job = h.wait_run(run)
-    cluster, end = job["status"]["rayClusterName"], _epoch(job["status"]["endTime"])
+    cluster, end = job["status"]["rayClusterName"], epoch(job["status"]["endTime"])
 
     def head_only() -> dict[str, list[str]] | None:
         pods = _cluster_pods(h, ns, cluster)

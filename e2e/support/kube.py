@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,9 @@ class Kube:
                                  f"{proc.returncode}): what is left cannot be known")
             left += [line for line in proc.stdout.split() if line]
         return left
+
+
+def epoch(stamp: str) -> float:
+    """Seconds since the epoch of a Kubernetes Time (`2026-12-04T10:00:00Z`) or MicroTime (`…:00.123456Z`)."""
+    text = stamp if "." in stamp else stamp.replace("Z", ".0Z")
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from e2e.support.errors import StageError
-from e2e.support.kube import Kube
+from e2e.support.kube import Kube, epoch
 
 RUN_LABEL = "gemma3-ray.dev/e2e-run"
 LEASE_NAMESPACE = "default"
@@ -41,17 +41,13 @@ def micro_time(t: float | None = None) -> str:
     return datetime.fromtimestamp(time.time() if t is None else t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _epoch(stamp: str) -> float:
-    return datetime.strptime(stamp.replace("Z", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
-
-
 def expired(lease: dict[str, Any], now: float | None = None) -> bool:
     """The run holding this Lease has ended: not renewed for its duration plus SKEW_S."""
     spec = lease.get("spec") or {}
     stamp = spec.get("renewTime") or spec.get("acquireTime")
     if not stamp:
         return True
-    last = _epoch(stamp if "." in stamp else stamp.replace("Z", ".0Z"))
+    last = epoch(stamp)
     return (time.time() if now is None else now) > last + int(spec.get("leaseDurationSeconds") or LEASE_S) + SKEW_S
 
 

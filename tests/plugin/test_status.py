@@ -146,3 +146,48 @@ def test_status_says_what_to_wait_for_while_a_replaced_rayjob_is_deleted(
     finally:
         kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", "gemma3-ray-r1", "--type=merge",
                 "-p", '{"metadata":{"finalizers":null}}')
+
+
+def _pod(ns: str, name: str, kind: str, cluster: str) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "namespace": ns, "labels": {"ray.io/cluster": cluster, "ray.io/node-type": kind}},
+        "spec": {"containers": [{"name": "ray", "image": "r/w:1"}]}})
+
+
+def _unschedulable(kube: Path, ns: str, name: str, message: str) -> None:
+    kubectl(kube, "-n", ns, "patch", "pod", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+        "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                            "message": message}]}}))
+
+
+def test_status_says_in_one_sentence_which_pods_the_scheduler_cannot_place_and_what_to_change(
+        kube_apiserver: Path, fake_gcs_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #43: a values file one node short of its pool (the fleet group's `cannot fit` case): status quotes the
+    scheduler's own PodScheduled=False/Unschedulable message per node type, with the fix; a Pending pod the scheduler
+    has not refused (pulling its image, not yet looked at) is not named. The conditions are set through the status
+    subresource: no scheduler runs on this API server."""
+    ns, cluster = "status-unplaceable", "gemma3-ray-r1-raycluster-x"
+    kubectl(kube_apiserver, "create", "namespace", ns)
+    kubectl(kube_apiserver, "-n", ns, "create", "serviceaccount", "default")  # no controller-manager here
+    kubectl(kube_apiserver, "apply", "-f", "-", stdin=_rayjob(ns, "gemma3-ray-r1"))
+    kubectl(kube_apiserver, "-n", ns, "patch", "rayjob", "gemma3-ray-r1", "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"rayClusterName": cluster, "jobDeploymentStatus": "Initializing"}}))
+    for name, kind in (("head-0", "head"), ("w-0", "worker"), ("w-1", "worker"), ("w-2", "worker")):
+        kubectl(kube_apiserver, "apply", "-f", "-", stdin=_pod(ns, name, kind, cluster))
+    gpu = "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 4 node(s) had untolerated taint {x: y}."
+    _unschedulable(kube_apiserver, ns, "w-1", gpu)
+    _unschedulable(kube_apiserver, ns, "w-2", gpu)
+    rc = cli.main(["status", "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig", str(kube_apiserver)],
+                  Clients(project=PROJECT, storage=storage_client(fake_gcs_factory(REGION))))
+    out = capsys.readouterr().out
+    assert rc == 0
+    said = [line for line in out.splitlines() if "cannot be placed" in line]
+    assert said == [f"2 of 3 worker pods of {cluster} cannot be placed: the scheduler says \"{gpu}\": too few free "
+                    "GPUs in the pool: add nodes to it (or free them) or lower workers.replicas"], out
+    # the head refused for its selector: its own sentence, with its own fix
+    _unschedulable(kube_apiserver, ns, "head-0", "0/5 nodes are available: 5 node(s) didn't match Pod's node "
+                                                 "affinity/selector.")
+    cli.main(["status", "--project", PROJECT, "--region", REGION, "-n", ns, "--kubeconfig", str(kube_apiserver)],
+             Clients(project=PROJECT, storage=storage_client(fake_gcs_factory(REGION))))
+    out = capsys.readouterr().out
+    assert f"1 of 1 head pod of {cluster} cannot be placed" in out and "no node has the labels" in out

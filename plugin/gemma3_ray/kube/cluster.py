@@ -152,6 +152,48 @@ def dashboard_job(core: Any, namespace: str, ray_cluster: str, job_id: str) -> d
         return None
 
 
+# The scheduler's reasons (kube-scheduler's FailedScheduling message parts) and what to change for each.
+_UNPLACEABLE_FIXES = (
+    ("Insufficient nvidia.com/gpu", "too few free GPUs in the pool: add nodes to it (or free them) or lower "
+                                    "workers.replicas"),
+    ("didn't match Pod's node affinity/selector", "no node has the labels the values select (the accelerator, "
+                                                  "the reservation or capacity labels): check the pool against "
+                                                  "`gemma3-ray values --machine-type`"),
+    ("untolerated taint", "the free nodes carry a taint the pods do not tolerate"),
+    ("Insufficient cpu", "too little free CPU on the nodes the pods may use: lower the requests or add nodes"),
+    ("Insufficient memory", "too little free memory on the nodes the pods may use: lower the requests or add nodes"),
+)
+
+
+def _scheduled_false(pod: Any) -> str:
+    """The scheduler's message when it refused the pod (PodScheduled=False, reason Unschedulable), else ''."""
+    for c in (pod.status.conditions or []) if pod.status else []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return (c.message or "").strip()
+    return ""
+
+
+def unplaceable_lines(core: Any, namespace: str, ray_cluster: str) -> list[str]:
+    """One sentence per Ray node type (head, worker) whose pods the scheduler cannot place: how many, its own
+    message, and what to change. A pod still pulling its image, or not yet looked at, is not named."""
+    if not ray_cluster:
+        return []
+    pods = core.list_namespaced_pod(namespace, label_selector=f"ray.io/cluster={ray_cluster}").items
+    out = []
+    for kind in ("head", "worker"):
+        group = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == kind]
+        refused = [(p.metadata.name, _scheduled_false(p)) for p in group]
+        refused = [(n, m) for n, m in refused if m]
+        if not refused:
+            continue
+        message = refused[0][1]
+        fix = next((f for key, f in _UNPLACEABLE_FIXES if key in message), "see `kubectl describe pod "
+                   f"{refused[0][0]} -n {namespace}`")
+        out.append(f"{len(refused)} of {len(group)} {kind} pod{'s' if len(group) != 1 else ''} of {ray_cluster} "
+                   f"cannot be placed: the scheduler says \"{message}\": {fix}")
+    return out
+
+
 def driver_log(core: Any, namespace: str, rayjob: str, follow: bool) -> Iterator[str]:
     """The driver's output: KubeRay's submitter Job (named after the RayJob) runs `ray job submit` and
     follows the driver log, so its pod log is the driver log."""

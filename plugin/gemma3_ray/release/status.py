@@ -136,6 +136,7 @@ def lines(dep: Deployment, clients: Clients) -> list[str]:
         found = [f"RayJob {dep.namespace}/{s.name}: deployment {s.deployment_status}, job {s.job_status}"
                  + (f" ({s.message})" if s.message else "")]
         found += kueue_check.status_lines(custom, obj)
+        found += cluster.unplaceable_lines(clients.kube.get_core(), dep.namespace, s.ray_cluster)
         found += deleting_lines(custom, dep.namespace, dep.release)
         live = storage_of(obj)
         given = {"bucket", "prefix"} & set(dep.sources.flags)

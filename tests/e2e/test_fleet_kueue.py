@@ -21,6 +21,7 @@ from e2e.support import fleet_fallback as ff
 from e2e.support import fleet_nodes
 from e2e.support.errors import StageError
 from e2e.support.session import run_name
+from tests.e2e.test_fleet_stage import FakeKube
 
 RUN = "t1kq"
 NS = run_name("f-kueue")
@@ -71,32 +72,21 @@ def test_flavors_out_of_order_or_quota_not_whole_nodes_stop_the_stage(cq: dict[s
         ff.plan(name, spec)
 
 
-class FakeCluster:
+class FakeCluster(FakeKube):
     """kubectl, helm and `gemma3-ray` answered from a script of what Kueue and the scheduler did: `admit` maps a
     release's index to the flavor its workers got (absent: it waits on quota), `bind` a worker's default node to
     the node it was bound to instead. Nodes turn Ready once created (as kwok makes them); calls are recorded."""
 
     def __init__(self, cq: dict[str, Any], admit: dict[int, str] | None = None, bind: dict[str, str] | None = None,
                  status: str | None = None) -> None:
-        self.cq, self.calls = cq, []
+        super().__init__()
+        self.cq = cq
         self.flavors = [f["name"] for f in cq["spec"]["resourceGroups"][0]["flavors"]]
         self.admit = {i: self.flavors[i] for i in range(3)} if admit is None else admit
         self.bind, self.status = bind or {}, status
-        self.nodes: dict[str, dict[str, Any]] = {}
         self.releases: list[str] = []  # installed, not uninstalled
 
-    # kubectl, helm, commands
-    def k(self, *args: str, input_text: str | None = None, **_: Any) -> Any:
-        self.calls.append(("kubectl", *args))
-        if args[:2] == ("create", "-f"):
-            for n in json.loads(input_text or "{}")["items"]:
-                n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-                self.nodes[n["metadata"]["name"]] = n
-        if args[:2] == ("delete", "nodes"):
-            for name in args[2:]:
-                self.nodes.pop(name, None)
-        return SimpleNamespace(returncode=0, stdout="", stderr="")
-
+    # helm, commands (kubectl's node create and delete, and wait_for: FakeKube's)
     def h(self, *args: str, **_: Any) -> Any:
         self.calls.append(("helm", *args))
         if args[0] == "install":
@@ -165,12 +155,6 @@ class FakeCluster:
 
     def get(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
         return self.cq if kind == "clusterqueue" else self.nodes.get(name)
-
-    def wait_for(self, what: str, probe: Any, timeout: float, ns: str | None = None, interval: float = 0) -> Any:
-        got = probe()
-        if not got:
-            raise StageError(f"{what}: not reached in {timeout:.0f} s")
-        return got
 
 
 def _harness(kube: FakeCluster, tmp_path: Path) -> Any:

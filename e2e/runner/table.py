@@ -167,6 +167,16 @@ STAGES: tuple[StageSpec, ...] = (
               "with the scheduler's `Insufficient nvidia.com/gpu`; on the same machines without its reservation, "
               "every worker Pending with the scheduler's node-selector reason. " + _SIMULATED,
               _f("fleet", "cannot_fit"), typical_s=150),
+    StageSpec("fleet: Kueue on GPUs", FLEET, "`gemma3-ray kueue setup --apply` with capacity.type=fallback "
+              "[reservation, flex-start, on-demand] makes the three GPU flavors in that order, each with one job's GPU "
+              "quota; on kwok-simulated GKE pools of a3-ultragpu-8g sized to those quotas (a reservation pool, a "
+              "flex-start pool, an on-demand pool), releases installed one after another are admitted by Kueue on the "
+              "reservation flavor, then flex-start, then on-demand, each one's workers bound to its flavor's pool, one "
+              "per node with all its GPUs, and its head off the GPU nodes; a fourth waits with Kueue's quota reason, "
+              "shown by `gemma3-ray status`. Pods on the simulated nodes never run a container (kwok marks them "
+              "Running): the claim is admission by the real Kueue and placement by the real kube-scheduler, not "
+              "training.",
+              _f("fleet_kueue", "kueue_on_gpus"), requires=("kueue",), typical_s=240),
     # ------------------------------------------------------------------------------------------ shared (opt-in, #42)
     # `make e2e ARGS="--only shared"`: the local cluster with kwok (e2e/stages/drills.py); elsewhere "not run".
     StageSpec("shared: two runs at once", SHARED, "On the local cluster made multi-node (3 simulated GPU nodes beside "

@@ -6,7 +6,8 @@ kubectl and helm (``kube``), processes and signals (``proc``), the Harness a sta
 change and puts back (``nodes``), what the cluster offers (``preflight``, ``versions``), the NOTES commands'
 kinds (``notes_check``), a throwaway chart-signing key (``signing_key``), the run's storage (``storage/``: the
 emulator in the cluster or a real bucket), and the simulated GPU fleet: GKE-shaped pools as Node objects for
-kwok (``fleet_nodes``), the cases the `fleet` stages place (``fleet_cases``) and the scheduler's filters as pure
+kwok (``fleet_nodes``), the cases the `fleet` stages place (``fleet_cases``), the pools and checks of
+Kueue on GPUs (``fleet_fallback``) and the scheduler's filters as pure
 logic (``placement``).
 
 May import: nothing

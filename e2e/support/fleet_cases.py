@@ -3,7 +3,8 @@ values --machine-type` of every GPU family machine_shapes knows, and the files o
 with the simulated pools (e2e/support/fleet_nodes.py) it is installed on and what the scheduler must do.
 
 A values file that asks for Kueue (kueue.queueName, capacity.type=fallback) is left out with that reason: its pods
-exist only once Kueue admits the job, which is issue #43's Kueue item, not placement.
+exist only once Kueue admits the job; Kueue's admission on GPU pools is `fleet: Kueue on GPUs`
+(e2e/support/fleet_fallback.py, with the chart's fallback values), not placement.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def test_a_failure_stops_the_run_and_the_rest_are_not_run(tmp_path: Path) -> Non
 
 
 def test_what_the_cluster_lacks_makes_its_stages_not_run_with_why(tmp_path: Path) -> None:
-    rec, h = _run(tmp_path, only="first,day2,shared", missing={"kueue": "Kueue's CRDs are not served"})
+    rec, h = _run(tmp_path, only="first,day2,fleet,shared", missing={"kueue": "Kueue's CRDs are not served"})
     for s in t.STAGES:
         if "kueue" in s.requires:
             assert rec.row(s.name).result == NOT_RUN, s.name

@@ -197,7 +197,7 @@ def test_the_fleet_group_is_opt_in_and_its_rows_name_their_functions() -> None:
 
     rows = [s for s in table.STAGES if s.group == table.FLEET]
     assert [s.name for s in rows] == ["fleet: values files placed", "fleet: machine families placed",
-                                      "fleet: cannot fit"]
+                                      "fleet: cannot fit", "fleet: Kueue on GPUs"]
     assert all("never run a container" in s.claim for s in rows)
     reasons = table.select("", "")
     assert all(reasons[s.name].startswith("not selected") for s in rows)

@@ -229,3 +229,21 @@ def test_values_the_chart_refuses_with_a_queue_stop_before_any_call() -> None:
     args = _args(None, "ml", ROOT / "charts" / "gemma3-ray" / "ci" / "spot-autoscaling-values.yaml")
     with pytest.raises(UserError, match="kueue.queueName=team needs mode=ephemeral"):
         kueue_command.cmd_setup(args, None, lambda _: None)
+
+
+def test_a_fallback_cpu_flavor_holds_the_heads_of_every_job_its_gpu_flavors_admit() -> None:
+    """#43 (Kueue on GPUs): with capacity.type=fallback each GPU flavor has quota for --jobs jobs' workers, so
+    the flavors together admit jobs x kinds jobs at once; the heads and submitters of all of them go to the one
+    CPU flavor (they do not tolerate the GPU flavors' taint). With quota there for --jobs jobs only, the second
+    job, its workers fitting flex-start, waited for the CPU flavor and the fallback never reached its second kind."""
+    head = ko.PodSet("head", 1, {"cpu": ko.quantity("4"), "memory": ko.quantity("16Gi")})
+    workers = ko.PodSet("workers", 2, {"cpu": ko.quantity("160"), "memory": ko.quantity("2000Gi"), ko.GPU: ko.quantity("8")})
+    submitter = ko.PodSet("submitter", 1, {"cpu": ko.quantity("500m"), "memory": ko.quantity("200Mi")})
+    for jobs in (1, 2):
+        setup = ko.Setup(namespace="ns", queue="q", cluster_queue="cq", sets=(head, workers, submitter),
+                         capacity="fallback", jobs=jobs, fallback=ko.FALLBACK_KINDS, reservation="res")
+        (cq,) = [o for o in ko.objects(setup) if o["kind"] == "ClusterQueue"]
+        quota = {(f["name"], r["name"]): r["nominalQuota"] for f in cq["spec"]["resourceGroups"][0]["flavors"]
+                 for r in f["resources"]}
+        assert quota[("cq-reservation", ko.GPU)] == str(16 * jobs)
+        assert quota[("cq-cpu", "cpu")] == ko.format_quantity(ko.quantity("4.5") * 3 * jobs), quota

@@ -183,9 +183,11 @@ class Setup:
     def covered(self) -> list[str]:
         return sorted({k for s in self.sets for k in s.requests})
 
-    def quota(self, sets: list[PodSet]) -> list[dict[str, Any]]:
+    def quota(self, sets: list[PodSet], jobs: int = 0) -> list[dict[str, Any]]:
+        """Nominal quota for `jobs` (default: --jobs) jobs' worth of these pod sets, per covered resource."""
         total = add(*(s.total() for s in sets))
-        return [{"name": r, "nominalQuota": format_quantity(total.get(r, Decimal(0)) * self.jobs)} for r in self.covered()]
+        return [{"name": r, "nominalQuota": format_quantity(total.get(r, Decimal(0)) * (jobs or self.jobs))}
+                for r in self.covered()]
 
     @property
     def namespace_selector(self) -> dict[str, Any]:
@@ -257,9 +259,10 @@ def objects(setup: Setup) -> list[dict[str, Any]]:
             out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(name),
                         "spec": {"nodeLabels": {**base, **setup.kind_labels(kind)}, "nodeTaints": taints}})
             flavors.append({"name": name, "resources": setup.quota(setup.capacity_sets)})
-        if setup.gpu_sets:
+        if setup.gpu_sets:  # the heads and submitters of every job the GPU flavors admit together (#43)
             out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.cpu_flavor), "spec": {}})
-            flavors.append({"name": setup.cpu_flavor, "resources": setup.quota(setup.cpu_sets)})
+            flavors.append({"name": setup.cpu_flavor,
+                            "resources": setup.quota(setup.cpu_sets, setup.jobs * len(setup.fallback))})
     elif setup.gpu_sets:
         taints = [GPU_TAINT] + ([QUEUED_TAINT] if setup.queued else []) + ([SPOT_TAINT] if setup.capacity == "spot" else [])
         out.append({"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": _meta(setup.gpu_flavor),

@@ -119,3 +119,13 @@ def test_epochs_in_the_record_are_the_epochs_trained(ray_cluster) -> None:
     first, second = b.epochs
     assert first["steps"] == 4 and second["steps"] == 2 and second["cut_short_by_max_steps"]
     assert b.epochs_trained() == 1.5
+    from trainer.job.arguments import parse_args
+
+    args = parse_args(["--use_gpu=false", "--eval_fraction=0", "--max_steps=6", "--global_batch_size=2"])
+    section = streaming.summary_section(b.plan, b, args, 0)
+    assert section["epochs_trained"] == 1.5 and section["planned"]["steps_per_epoch"] == 4
+    # the summary's per-epoch figures: the whole epoch's, as trained (summary.json's `epochs` is epochs_trained)
+    assert streaming.observed_epoch(section) == {"rows_per_epoch": 8, "rows_left_out_per_epoch": 0,
+                                                 "steps_per_epoch": 4}
+    assert streaming.observed_epoch({"epochs": [second]}) == dict.fromkeys(
+        ("rows_per_epoch", "rows_left_out_per_epoch", "steps_per_epoch"))

@@ -1,4 +1,4 @@
-"""A shard as the stream reads it (trainer/data/stream_read.py): its bytes checked against the manifest's sha256 on
+"""A shard as the stream reads it (trainer/job/shard_read.py): its bytes checked against the manifest's sha256 on
 gs:// as on a local disk, whether or not the object has an md5; the eval split's read errors (a shard gone, a prefix
 the job may not read) are one sentence, never a traceback. Shards written by the plugin's `data shard` into
 fake-gcs-server (a real GCS emulator process)."""
@@ -12,9 +12,9 @@ import pytest
 from tests.trainer.conftest import GCS_BUCKET
 from tests.trainer.data.test_stream_stops import Forbidden
 from tests.trainer.data.test_streaming import COMMON, shard
-from trainer.data import stream_plan, stream_read, stream_rows, streaming
+from trainer.data import stream_plan, stream_rows, streaming
 from trainer.data.encoding import SampleEncoder
-from trainer.job import shard_manifest
+from trainer.job import shard_manifest, shard_read
 from trainer.job.arguments import parse_args
 from trainer.job.flag_values import column_mapping
 from trainer.job.flags import UsageError
@@ -52,9 +52,9 @@ def test_a_gs_shard_whose_bytes_are_not_the_manifests_sha256_stops_the_read_with
     _rewrite_manifest(prefix, fake_gcs, lambda m: m["shards"][1].update(sha256="0" * 64))
     checked = shard_manifest.check_for_run(args)  # size and md5 (metadata): as written
     good, bad = checked.shards[0], checked.shards[1]
-    assert stream_read.shard_bytes(good, checked.root, fake_gcs)  # the other shards read
+    assert shard_read.shard_bytes(good, checked.root, fake_gcs)  # the other shards read
     with pytest.raises(shard_manifest.ManifestError) as err:
-        stream_read.shard_bytes(bad, checked.root, fake_gcs)
+        shard_read.shard_bytes(bad, checked.root, fake_gcs)
     assert str(err.value).startswith(f"dataset {prefix}: shard {bad.name} has another sha256 than manifest.json "
                                      "records (it changed after it was written)") and "\n" not in str(err.value)
 
@@ -93,14 +93,14 @@ def test_a_gs_shard_without_an_md5_is_not_skipped_its_sha256_is_checked_when_rea
     args, checked = _sharded(tmp_path, fake_gcs, prefix, monkeypatch)
     fs, base = filesystem(checked.root, fake_gcs)
     target = checked.shards[0]
-    same_size = bytes(b ^ 0xFF for b in stream_read.shard_bytes(target, checked.root, fake_gcs))
+    same_size = bytes(b ^ 0xFF for b in shard_read.shard_bytes(target, checked.root, fake_gcs))
     with fs.open_output_stream(f"{base}/{target.name}") as out:
         out.write(same_size)
     with pytest.raises(shard_manifest.ManifestError):  # with its md5: the driver refuses it
         shard_manifest.check_shards(checked, fs, base, is_gcs=True)
     shard_manifest.check_shards(checked, NoMd5(fs), base, is_gcs=True)  # without: the size is all the driver has
     with pytest.raises(shard_manifest.ManifestError) as err:
-        stream_read.shard_bytes(target, checked.root, fake_gcs)
+        shard_read.shard_bytes(target, checked.root, fake_gcs)
     assert f"shard {target.name} has another sha256" in str(err.value)
     assert "sha256" in shard_manifest.NO_MD5_RULE
 
@@ -110,7 +110,7 @@ def test_a_sha256_stop_inside_ray_data_is_the_runs_one_sentence(tmp_path, fake_g
     args, _ = _sharded(tmp_path, fake_gcs, prefix, monkeypatch)
     _rewrite_manifest(prefix, fake_gcs, lambda m: m["shards"][0].update(sha256="1" * 64))
     checked = shard_manifest.check_for_run(args)
-    read = stream_read.ShardRead(checked.root, checked.shard_format, sorted({*column_mapping(args).values(), "_row"}),
+    read = shard_read.ShardRead(checked.root, checked.shard_format, sorted({*column_mapping(args).values(), "_row"}),
                                  fake_gcs)
     first = checked.shards[0]
     assert read({"uri": [checked.shards[1].uri], "name": [checked.shards[1].name],
@@ -144,7 +144,7 @@ def test_the_eval_splits_missing_shard_is_one_sentence(processor, tmp_path, fake
 
 def test_the_eval_splits_forbidden_read_is_one_sentence(processor, tmp_path, fake_gcs, prefix, monkeypatch) -> None:
     args, checked = _sharded(tmp_path, fake_gcs, prefix, monkeypatch, "--eval_fraction=0.5")
-    monkeypatch.setattr(stream_read, "filesystem", lambda uri, host=None: (Forbidden(), uri[5:]))
+    monkeypatch.setattr(shard_read, "filesystem", lambda uri, host=None: (Forbidden(), uri[5:]))
     with pytest.raises(UsageError) as err:
         _eval_rows(args, checked, tmp_path, processor, fake_gcs)
     said = str(err.value)

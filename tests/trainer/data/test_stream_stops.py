@@ -53,7 +53,7 @@ def test_a_shard_replaced_after_the_check_is_named(tmp_path) -> None:
 
 
 def test_a_shard_deleted_mid_run_stops_the_stream_with_one_sentence(processor, ray_cluster, tmp_path) -> None:
-    """The shard goes after the driver's check: its read (trainer/data/stream_read.py, a Ray Data task) fails, and the
+    """The shard goes after the driver's check: its read (trainer/job/shard_read.py, a Ray Data task) fails, and the
     stream's stop names the shard instead of a retry (every retry would fail the same way)."""
     shards_dir = webdataset_shards(tmp_path)
     args = parse_args([*COMMON, f"--dataset_name={shards_dir}", "--streaming=true", "--eval_fraction=0"])

@@ -1,6 +1,6 @@
 """WebDataset shards through the streaming path's one row contract (trainer/data/stream_rows.py): `.tar` shards
 written by the plugin's own `gemma3-ray data shard --format webdataset`, with PNG and JPEG members and rows that
-have none, read by the stream's reader as a Ray Data task (trainer/data/stream_read.py: each member extension its
+have none, read by the stream's reader as a Ray Data task (trainer/job/shard_read.py: each member extension its
 column, null where a sample lacks it; Ray Data's own `read_webdataset` puts NaN there, which the row contract also
 takes). Every good row comes through; a row without an image is `missing_image`, never
 `corrupt_image`; the eval split (read from the tars without Ray Data) follows the same rule.

@@ -11,9 +11,9 @@ import uuid
 from typing import Any
 
 from trainer.data.stream_plan import StreamPlan, pack_rows, unpack_rows
-from trainer.data.stream_read import STOP_MARK, read_train
 from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError
 from trainer.job.shard_manifest import ROW_ID
+from trainer.job.shard_read import STOP_MARK, read_train
 
 SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
 STAGE_BATCH_ROWS = 16
@@ -200,7 +200,7 @@ def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments,
                   storage, exclude: set[int], decoders: int, node_ids: list[str] | None = None):
     """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order. With `node_ids`, the
     CPU stage's actors run only on those nodes (the training workers': their image has the trainer's packages,
-    a stock Ray head has not); the reads run anywhere (pyarrow, which Ray Data brings)."""
+    a stock Ray head has not); the reads run anywhere (trainer.job.shard_read: standard library and pyarrow)."""
     ds = read_train(plan.shard_order(epoch), plan.shards.root, plan.shards.shard_format,
                     sorted({*mapping.values(), ROW_ID}), storage.emulator_host, READ_CPUS)
     from dataclasses import asdict

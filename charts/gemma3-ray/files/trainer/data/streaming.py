@@ -2,7 +2,7 @@
 copied to a node whole.
 
 - **Read**: a Ray Data task per shard reads the manifest's parquet (or WebDataset .tar) shards under the dataset's
-  gs:// prefix, each checked against the manifest's sha256 (``stream_read``).
+  gs:// prefix, each checked against the manifest's sha256 (``trainer.job.shard_read``).
 - **CPU stages** (`RowStage`, Ray Data actors with one CPU each, on the training workers' nodes only, whose
   image has the trainer's packages: the GPU nodes' spare cores; a node needs `streaming_decoders` CPUs free
   beyond its training workers'): each row is checked as the scan checks it (the same reasons: missing or
@@ -221,9 +221,9 @@ def read_eval_rows(plan: StreamPlan, mapping: dict[str, str], storage, encoder, 
     first EVAL_SAMPLE_ROWS good rows of the held-out split (the last `eval_rows` rows of the manifest), read from
     the shards that hold them, in order, none past the one that fills the sample (each checked against the
     manifest's sha256; no Ray Data). A shard gone, changed or forbidden is one sentence (UsageError)."""
-    from trainer.data.stream_read import shard_bytes, shard_table
     from trainer.job.flags import UsageError
     from trainer.job.shard_manifest import ManifestError
+    from trainer.job.shard_read import shard_bytes, shard_table
 
     good, bad = [], {}
     columns = sorted({*mapping.values(), ROW_ID})

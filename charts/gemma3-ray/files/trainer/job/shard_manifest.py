@@ -7,7 +7,7 @@ a row: the manifest is whole (every key, types, contiguous row ranges that add u
 the run maps are there, and every shard is there with its size and md5 (a gs:// object's md5 is its metadata;
 a local file is hashed). Anything else is one sentence naming the shard or the column, before any GPU starts.
 Every shard's bytes are checked against the manifest's sha256 again when the stream reads them
-(``trainer.data.stream_read``), on gs:// as on a local disk (``NO_MD5_RULE``: an object without an md5).
+(``trainer.job.shard_read``), on gs:// as on a local disk (``NO_MD5_RULE``: an object without an md5).
 
 Standard library and pyarrow (which comes with Ray) only.
 """

@@ -4,6 +4,8 @@
 The train split reads through `ShardRead` (a Ray Data task per shard), the eval split through `shard_bytes`. A shard
 gone, changed or not readable is one sentence (``ManifestError``): no retry reads it. The streaming path as a whole:
 ``trainer.data.streaming``.
+
+In job/, standard library and pyarrow only: Ray Data runs the read tasks on any node, a stock Ray head included.
 """
 
 from __future__ import annotations

@@ -11,7 +11,29 @@ service.dashboardPort. KubeRay maps the head container's ports to its Service as
 {{- define "gemma3-ray.headRayStartParams" -}}
 {{- $p := deepCopy .Values.head.rayStartParams -}}
 {{- $_ := set $p "dashboard-port" (toString (int .Values.service.dashboardPort)) -}}
+{{- include "gemma3-ray.objectStoreParams" (dict "root" . "params" $p "gib" .Values.rayObjectStore.headGib) -}}
 {{- toYaml $p -}}
+{{- end -}}
+
+{{/* The workers' `ray start` parameters: workers.rayStartParams plus rayObjectStore's. */}}
+{{- define "gemma3-ray.workerRayStartParams" -}}
+{{- $p := deepCopy .Values.workers.rayStartParams -}}
+{{- include "gemma3-ray.objectStoreParams" (dict "root" . "params" $p "gib" .Values.rayObjectStore.workerGib) -}}
+{{- toYaml $p -}}
+{{- end -}}
+
+{{/*
+rayObjectStore as `ray start` parameters, set into "params": object-store-memory (bytes) when "gib" is
+above 0, object-spilling-directory (spillPath, an emptyDir of spillSizeLimit) when spillSizeLimit is set.
+*/}}
+{{- define "gemma3-ray.objectStoreParams" -}}
+{{- $os := .root.Values.rayObjectStore -}}
+{{- if gt (int .gib) 0 -}}
+{{- $_ := set .params "object-store-memory" (toString (mul (int64 .gib) 1073741824)) -}}
+{{- end -}}
+{{- if $os.spillSizeLimit -}}
+{{- $_ := set .params "object-spilling-directory" $os.spillPath -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

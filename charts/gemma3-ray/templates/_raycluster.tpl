@@ -107,6 +107,10 @@ spec:
         - name: dshm
           mountPath: /dev/shm
         {{- end }}
+        {{- if $v.rayObjectStore.spillSizeLimit }}
+        - name: ray-spill
+          mountPath: {{ $v.rayObjectStore.spillPath | quote }}
+        {{- end }}
         {{- if $v.gcsFuse.enabled }}
         - name: gcs-fuse
           mountPath: {{ $v.gcsFuse.mountPath | quote }}
@@ -129,6 +133,11 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ $v.workers.shmSize | quote }}
+    {{- end }}
+    {{- if $v.rayObjectStore.spillSizeLimit }}
+    - name: ray-spill
+      emptyDir:
+        sizeLimit: {{ $v.rayObjectStore.spillSizeLimit | quote }}
     {{- end }}
     {{- if $v.gcsFuse.enabled }}
     {{- include "gemma3-ray.gcsFuseVolume" $root | nindent 4 }}
@@ -202,7 +211,7 @@ workerGroupSpecs:
     maxReplicas: {{ $w.replicas }}
     {{- end }}
     rayStartParams:
-      {{- toYaml $w.rayStartParams | nindent 6 }}
+      {{- include "gemma3-ray.workerRayStartParams" . | nindent 6 }}
     template:
       {{- include "gemma3-ray.podTemplate" (dict "root" . "role" "worker") | nindent 6 }}
 {{- end -}}

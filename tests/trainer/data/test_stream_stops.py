@@ -53,8 +53,8 @@ def test_a_shard_replaced_after_the_check_is_named(tmp_path) -> None:
 
 
 def test_a_shard_deleted_mid_run_stops_the_stream_with_one_sentence(processor, ray_cluster, tmp_path) -> None:
-    """The shard goes after the driver's check: Ray Data fails (listing its paths, or reading), and the stream's stop
-    names the shard instead of a retry (every retry would fail the same way)."""
+    """The shard goes after the driver's check: its read (trainer/job/shard_read.py, a Ray Data task) fails, and the
+    stream's stop names the shard instead of a retry (every retry would fail the same way)."""
     shards_dir = webdataset_shards(tmp_path)
     args = parse_args([*COMMON, f"--dataset_name={shards_dir}", "--streaming=true", "--eval_fraction=0"])
     checked = shard_manifest.check_for_run(args)
@@ -66,8 +66,7 @@ def test_a_shard_deleted_mid_run_stops_the_stream_with_one_sentence(processor, r
     said = stream_rows.stream_stop(err.value, 1, shard_manifest.to_config(checked))
     assert said == (f"dataset {shards_dir}: shard shard-00002.tar is missing (manifest.json lists it); write it again: "
                     f"delete it and manifest.json, then run `gemma3-ray data shard SOURCE --to {shards_dir} --apply` "
-                    "with the same source and flags; it changed while the run read it, so the run stops (every retry "
-                    "would fail the same way)"), said
+                    "with the same source and flags; the run stops (every retry would fail the same way)"), said
 
 
 @pytest.mark.parametrize("cpus, held, decoders, said", [

@@ -1,7 +1,8 @@
 """WebDataset shards through the streaming path's one row contract (trainer/data/stream_rows.py): `.tar` shards
 written by the plugin's own `gemma3-ray data shard --format webdataset`, with PNG and JPEG members and rows that
-have none, read by Ray Data's own reader (`ray.data.read_webdataset`, which gives each extension its column and
-NaN where a sample lacks it). Every good row comes through; a row without an image is `missing_image`, never
+have none, read by the stream's reader as a Ray Data task (trainer/job/shard_read.py: each member extension its
+column, null where a sample lacks it; Ray Data's own `read_webdataset` puts NaN there, which the row contract also
+takes). Every good row comes through; a row without an image is `missing_image`, never
 `corrupt_image`; the eval split (read from the tars without Ray Data) follows the same rule.
 
 The same shards hold too few usable rows: a streamed epoch whose good rows do not fill one global batch stops the
@@ -60,7 +61,7 @@ def webdataset_shards(tmp_path: Path, n_rows: int = 12, no_image: set[int] = NO_
     return out
 
 
-def test_every_good_row_of_mixed_webdataset_shards_comes_through_ray_datas_reader(
+def test_every_good_row_of_mixed_webdataset_shards_comes_through_the_streams_reader(
         processor, ray_cluster, tmp_path) -> None:
     shards_dir = webdataset_shards(tmp_path)
     args = parse_args([*COMMON, f"--dataset_name={shards_dir}", "--streaming=true", "--streaming_shuffle_window=0",

@@ -160,7 +160,7 @@ def test_a_resumed_epoch_trains_the_rows_its_checkpoint_had_not(processor, ray_c
     it = iter(first)
     for _ in range(2 * 2):  # two optimizer steps of 2 micro-batches
         next(it)
-    before = set(first.state.rows)
+    before = set(first.tally()[0])  # every rank's rows of the epoch, as on_save keeps them
     assert len(before) == 8
     saved = stream_plan.StreamState.from_json(first.state.to_json(before, 20, 2))
     assert saved.rows == before and saved.epoch == 0
@@ -170,7 +170,11 @@ def test_a_resumed_epoch_trains_the_rows_its_checkpoint_had_not(processor, ray_c
     steps = sum(1 for _ in second) // 2
     (epoch0,) = second.epochs
     assert steps == 3  # 12 rows yielded, 12 new ones: none of the 8 again
-    assert epoch0 == {"epoch": 0, "rows_trained": 20, "rows_trained_twice": 0, "steps": 5, "resumed_with_rows": 8}
+    assert {k: epoch0[k] for k in ("epoch", "rows_trained", "rows_trained_twice", "steps", "resumed_with_rows",
+                                   "resumed_with_steps", "rows_left_out")} == \
+        {"epoch": 0, "rows_trained": 20, "rows_trained_twice": 0, "steps": 5, "resumed_with_rows": 8,
+         "resumed_with_steps": 2, "rows_left_out": 0}
+    assert epoch0["ranks"] == [{"rank": 0, "steps": 3, "rows": 12}]
 
 
 def test_the_driver_refuses_a_damaged_shard_or_a_missing_column_before_any_worker(
@@ -200,6 +204,7 @@ def test_the_stream_state_keeps_row_ids_exactly() -> None:
     rows = {0, 7, 8, 63, 64, 999}
     state = stream_plan.StreamState.from_json(stream_plan.StreamState(3, 40, set()).to_json(rows, 1000, 52))
     assert (state.epoch, state.epoch_start_step, state.rows, state.resumed_rows) == (3, 40, rows, 6)
+    assert state.resumed_steps == 12 and not state.twice
     assert stream_plan.StreamState.from_json(b"{torn") is None
 
 

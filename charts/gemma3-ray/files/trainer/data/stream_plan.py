@@ -10,6 +10,7 @@ import json
 import math
 import random
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 from trainer.job.flags import TrainArguments, UsageError
@@ -94,16 +95,20 @@ def unpack_rows(packed: str) -> set[int]:
 
 @dataclass
 class StreamState:
-    """Where the stream is: the epoch, the step it began at, and the rows this rank trained in it."""
+    """Where the stream is: the epoch, the step it began at, and what the checkpoint it resumed from had trained in
+    it (every rank's rows, those trained more than once with their extra count, the steps)."""
 
     epoch: int = 0
     epoch_start_step: int = 0
-    rows: set[int] = field(default_factory=set)  # this rank's rows of the epoch (all ranks' after a resume)
+    rows: set[int] = field(default_factory=set)  # every rank's rows of the epoch the checkpoint had trained
     resumed_rows: int = 0
+    twice: Counter = field(default_factory=Counter)  # {row: times trained beyond once} before the checkpoint
+    resumed_steps: int = 0
 
-    def to_json(self, all_rows: set[int], total: int, step: int) -> bytes:
+    def to_json(self, all_rows: set[int], total: int, step: int, twice: Counter | None = None) -> bytes:
         return json.dumps({"format": 1, "epoch": self.epoch, "epoch_start_step": self.epoch_start_step,
-                           "step": step, "rows_trained": len(all_rows), "rows": pack_rows(all_rows, total)}).encode()
+                           "step": step, "rows_trained": len(all_rows), "rows": pack_rows(all_rows, total),
+                           "twice": {str(r): n for r, n in sorted((twice or {}).items())}}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> StreamState | None:
@@ -112,8 +117,10 @@ class StreamState:
         try:
             obj = json.loads(raw)
             rows = unpack_rows(obj["rows"])
-            return cls(int(obj["epoch"]), int(obj["epoch_start_step"]), rows, len(rows))
-        except (ValueError, KeyError, TypeError, zlib.error):
+            twice = Counter({int(r): int(n) for r, n in (obj.get("twice") or {}).items()})
+            start = int(obj["epoch_start_step"])
+            return cls(int(obj["epoch"]), start, rows, len(rows), twice, int(obj.get("step", start)) - start)
+        except (ValueError, KeyError, TypeError, AttributeError, zlib.error):
             return None
 
 

@@ -13,14 +13,15 @@ from typing import Any
 from trainer.data.stream_plan import StreamPlan, pack_rows, unpack_rows
 from trainer.job.flags import ANSWER_FIELD, IMAGE_FIELD, TrainArguments, UsageError
 from trainer.job.shard_manifest import ROW_ID
+from trainer.job.shard_read import STOP_MARK, read_train
 
 SKIPPED_DIR = "streaming/skipped"  # in the run: one JSON-lines file per CPU-stage batch that dropped rows
 STAGE_BATCH_ROWS = 16
 # A shard read waits on the network more than it computes: a quarter CPU each, so reads still run where the
 # training workers and the CPU stage hold every whole CPU.
 READ_CPUS = 0.25
-# A WebDataset sample's image is whichever of these members it has (Ray Data's reader gives each extension its own
-# column, NaN or None where a sample lacks it); `data shard` writes png/jpg/gif/bmp/webp, `img` for bytes it does
+# A WebDataset sample's image is whichever of these members it has (the stream's reader, as Ray Data's, gives each
+# extension its own column, None (Ray Data's: NaN) where a sample lacks it); `data shard` writes png/jpg/gif/bmp/webp, `img` for bytes it does
 # not know (decoded here: corrupt_image if they are not an image) and `missing` (empty) for a row without one.
 IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff", "img")
 
@@ -127,7 +128,7 @@ class RowStage:
         })
 
 
-BAD_ROW_MARK = "\x1ebad_rows=fail\x1e"  # brackets the one sentence a bad_rows=fail stop carries through Ray Data
+BAD_ROW_MARK = STOP_MARK  # brackets the one sentence a bad_rows=fail stop (or a shard read's) carries through Ray Data
 
 
 # How long the CPU stage's actors may wait for their CPUs before the run stops with a sentence (Ray Data's default
@@ -137,7 +138,8 @@ STAGE_START_MARK = "Timed out while starting actors"  # Ray Data's words (ActorP
 
 
 def bad_row_stop(error: BaseException) -> str | None:
-    """The `row N: reason` sentence of a bad_rows=fail stop inside a Ray Data error, or None."""
+    """The sentence of a marked stop inside a Ray Data error (`row N: reason` of bad_rows=fail, a shard the read
+    found gone, changed or forbidden), or None."""
     text = str(error)
     if BAD_ROW_MARK in text:
         return text.split(BAD_ROW_MARK)[1]
@@ -198,21 +200,9 @@ def epoch_dataset(plan: StreamPlan, epoch: int, processor, args: TrainArguments,
                   storage, exclude: set[int], decoders: int, node_ids: list[str] | None = None):
     """The epoch's Ray Data dataset (read, then the CPU stage), in the epoch's shard order. With `node_ids`, the
     CPU stage's actors run only on those nodes (the training workers': their image has the trainer's packages,
-    a stock Ray head has not); the reads run anywhere (pyarrow, which Ray Data brings)."""
-    import ray.data
-
-    from trainer.job.storage import filesystem
-
-    shards = plan.shard_order(epoch)
-    fs, _ = filesystem(shards[0].uri, storage.emulator_host)
-    paths = [filesystem(s.uri, storage.emulator_host)[1] for s in shards]
-    if plan.shards.shard_format == "webdataset":
-        ds = ray.data.read_webdataset(paths, filesystem=fs, decoder=None, override_num_blocks=len(paths),
-                                      num_cpus=READ_CPUS)
-    else:
-        columns = sorted({*mapping.values(), ROW_ID})
-        ds = ray.data.read_parquet(paths, filesystem=fs, override_num_blocks=len(paths),
-                                   num_cpus=READ_CPUS).select_columns(columns)
+    a stock Ray head has not); the reads run anywhere (trainer.job.shard_read: standard library and pyarrow)."""
+    ds = read_train(plan.shard_order(epoch), plan.shards.root, plan.shards.shard_format,
+                    sorted({*mapping.values(), ROW_ID}), storage.emulator_host, READ_CPUS)
     from dataclasses import asdict
 
     placement = {"label_selector": {"ray.io/node-id": f"in({','.join(sorted(set(node_ids)))})"}} if node_ids else {}
@@ -238,14 +228,16 @@ def configure_data_context(object_store_bytes: int | None) -> None:
             object_store_memory=object_store_bytes)
 
 
-def skipped_rows(storage) -> dict[str, list[int]]:
-    """{reason: row ids} of every row the CPU stages dropped in this run (each row once per reason)."""
+def skipped_rows(storage, epoch: int | None = None) -> dict[str, list[int]]:
+    """{reason: row ids} of every row the CPU stages dropped in this run (each row once per reason); of `epoch`'s
+    batches only, when given."""
     import pyarrow.fs as pafs
 
     fs, base = storage.fs()
     found: dict[str, set[int]] = {}
     for info in fs.get_file_info(pafs.FileSelector(f"{base}/{SKIPPED_DIR}", allow_not_found=True)):
-        if info.type != pafs.FileType.File:
+        if info.type != pafs.FileType.File or (epoch is not None and
+                                                not info.base_name.startswith(f"e{epoch:04d}-")):
             continue
         with fs.open_input_stream(info.path) as src:
             for line in src.read().decode().splitlines():

@@ -1,7 +1,8 @@
 """The streaming input path (`--streaming=true`): the rows come from shards in the bucket through Ray Data, never
 copied to a node whole.
 
-- **Read**: Ray Data reads the manifest's parquet (or WebDataset .tar) shards under the dataset's gs:// prefix.
+- **Read**: a Ray Data task per shard reads the manifest's parquet (or WebDataset .tar) shards under the dataset's
+  gs:// prefix, each checked against the manifest's sha256 (``trainer.job.shard_read``).
 - **CPU stages** (`RowStage`, Ray Data actors with one CPU each, on the training workers' nodes only, whose
   image has the trainer's packages: the GPU nodes' spare cores; a node needs `streaming_decoders` CPUs free
   beyond its training workers'): each row is checked as the scan checks it (the same reasons: missing or
@@ -16,7 +17,9 @@ copied to a node whole.
   draws its rows through a shuffle window of `streaming_shuffle_window` rows (Ray Data's local shuffle buffer,
   seeded by `seed`, the epoch and the rank); 0 keeps the manifest's order (no shuffle).
 - **Every row once per epoch**: each row of the epoch is trained at most once; the rows trained so far in the
-  epoch are saved with every checkpoint (`stream_state.json`: a bitmap of row ids). **Resume**: the
+  epoch are saved with every checkpoint (`stream_state.json`: a bitmap of row ids, and the rows trained more than
+  once). **The record** counts what was trained, not what was planned (``RECORD_RULE``): each rank's rows as a
+  multiset, its steps, the rows an epoch left out by id; the eval split a bounded sample (``EVAL_SAMPLE_ROWS``). **Resume**: the
   interrupted epoch goes on without the rows it already trained (none is seen twice, none left out for it);
   the order of the rest differs from an uninterrupted run (Ray Data's split is not replayable across worker
   group starts). The rule is in `summary.json` (`streaming.resume_rule`).
@@ -26,6 +29,7 @@ copied to a node whole.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,17 +44,22 @@ from trainer.job.shard_manifest import ROW_ID
 
 class StreamingBatches:
     """The micro-batches of this rank, epoch after epoch: a group of `accumulation` micro-batches per optimizer
-    step, from this rank's streaming_split of the epoch (rank 0 splits, every rank takes its part)."""
+    step, from this rank's streaming_split of the epoch (rank 0 splits, every rank takes its part). What it yields
+    is counted as it goes: this rank's rows as a multiset (a row yielded twice is counted twice), its steps, and
+    the rows of a last group too small for a step (left out, by id)."""
 
     def __init__(self, plan: StreamPlan, make_dataset, collate, rank: int, world_size: int, micro_batch: int,
                  accumulation: int, state: StreamState, broadcast, gather, start_step: int = 0,
-                 no_step=lambda record: None):
+                 no_step=lambda record: None, skipped=lambda epoch: set()):
         self.plan, self.make_dataset, self.collate, self.start_step = plan, make_dataset, collate, start_step
         self.rank, self.world_size, self.micro, self.accumulation = rank, world_size, micro_batch, accumulation
         self.state, self.broadcast, self.gather, self.no_step = state, broadcast, gather, no_step
+        self.skipped = skipped  # epoch -> the row ids the CPU stage skipped as bad in it (rank 0 reads them)
         self.waits: list[float] = []  # seconds each step waited for its rows
-        self.epochs: list[dict[str, Any]] = []  # per finished epoch: rows trained, twice, steps
+        self.epochs: list[dict[str, Any]] = []  # per finished epoch: what was trained (epoch_record)
         self.steps_done = 0  # optimizer steps whose rows were handed out, since this start
+        self.counts: Counter = Counter()  # this rank's rows of the epoch since this start, each as often as yielded
+        self.epoch_steps = 0  # this rank's steps of the epoch since this start
 
     def _split(self, epoch: int):
         iterators = None
@@ -70,52 +79,94 @@ class StreamingBatches:
         for epoch in epochs:
             if epoch != self.state.epoch:
                 self.state = StreamState(epoch, self.start_step + self.steps_done)
-            self.epoch_open = True
+            self.counts, self.epoch_steps, self.epoch_open = Counter(), 0, True
             split = self._split(epoch)
             shuffle = {"local_shuffle_buffer_size": self.plan.window,
                        "local_shuffle_seed": self.plan.seed * 7919 + epoch * 104729 + self.rank} if self.plan.window else {}
-            batches = iter(split.iter_batches(batch_size=group_rows, drop_last=True, batch_format="pyarrow",
+            # drop_last off: a last group too small for a step is seen, counted as left out, and not trained
+            batches = iter(split.iter_batches(batch_size=group_rows, drop_last=False, batch_format="pyarrow",
                                               prefetch_batches=2, **shuffle))
             while True:
                 start = time.perf_counter()
                 group = next(batches, None)
-                if group is None:
+                if group is None or group.num_rows < group_rows:
                     break
                 self.waits.append(time.perf_counter() - start)
-                rows = group.column(ROW_ID).to_pylist()
-                self.state.rows.update(rows)
+                self.counts.update(group.column(ROW_ID).to_pylist())
                 self.steps_done += 1
+                self.epoch_steps += 1
                 for j in range(self.accumulation):
                     yield self.collate(group.slice(j * self.micro, self.micro))
-            self.epochs.append(self.epoch_record())
+            self.epochs.append(self.epoch_record(whole=True))
             self.epoch_open = False
             if self.epochs[-1]["steps"] == 0:  # every rank: the record is the group's
                 self.no_step(self.epochs[-1])
         self.done = True
 
     def epoch_progress(self) -> float:
-        """The stream's epoch as a number: the epoch, plus the share of its rows trained so far."""
+        """The stream's epoch as a number (for the train logs, no collective): the epoch, plus the share of its
+        rows trained so far (this rank's count times the ranks, over the plan's rows of an epoch)."""
         per_epoch = max(self.plan.steps_per_epoch() * self.plan.global_batch, 1)
-        return round(self.state.epoch + min(1.0, len(self.state.rows) * self.world_size / per_epoch), 4)
+        done = self.state.resumed_rows + sum(self.counts.values()) * self.world_size
+        return round(self.state.epoch + min(1.0, done / per_epoch), 4)
+
+    def epochs_trained(self) -> float:
+        """The epochs this run trained, as trained: the epochs before this start's first, each whole epoch of this
+        start, and an epoch max_steps cut short as its rows over the last whole epoch's rows (the plan's rows of an
+        epoch when none was whole)."""
+        first = self.epochs[0]["epoch"] if self.epochs else self.state.epoch
+        whole = [e for e in self.epochs if not e.get("cut_short_by_max_steps")]
+        cut = [e for e in self.epochs if e.get("cut_short_by_max_steps")]
+        per_epoch = whole[-1]["rows_trained"] if whole else self.plan.steps_per_epoch() * self.plan.global_batch
+        part = cut[0]["rows_trained"] / per_epoch if cut and per_epoch else 0.0
+        return round(first + len(whole) + part, 4)
 
     def close(self) -> None:
         """At the end of training (every rank): the record of an epoch max_steps cut short."""
         if getattr(self, "epoch_open", False):
-            self.epochs.append({**self.epoch_record(), "cut_short_by_max_steps": True})
+            self.epochs.append({**self.epoch_record(whole=False), "cut_short_by_max_steps": True})
             self.epoch_open = False
 
-    def epoch_record(self) -> dict[str, Any]:
-        """The epoch's rows across the ranks (a collective: every rank calls it at the same point)."""
-        everyone = self.gather(sorted(self.state.rows))
-        union: set[int] = set()
-        total = 0
-        for rows in everyone:
-            union.update(rows)
-            total += len(rows)
-        if self.state.resumed_rows:  # every rank holds the rows the resumed epoch had trained before
-            total -= (len(everyone) - 1) * self.state.resumed_rows
-        return {"epoch": self.state.epoch, "rows_trained": len(union), "rows_trained_twice": total - len(union),
-                "steps": len(union) // self.plan.global_batch, "resumed_with_rows": self.state.resumed_rows}
+    def tally(self) -> tuple[Counter, list[tuple[int, int]]]:
+        """(every row of the epoch with the times it was trained, across the ranks and the checkpoint it resumed
+        from; [(steps, rows)] of each rank since this start): a collective, every rank calls it at the same point."""
+        everyone = self.gather((sorted(self.counts.elements()), self.epoch_steps))
+        merged = Counter(self.state.rows) + self.state.twice
+        for rows, _ in everyone:
+            merged.update(rows)
+        return merged, [(steps, len(rows)) for rows, steps in everyone]
+
+    def epoch_record(self, whole: bool) -> dict[str, Any]:
+        """The epoch as trained (a collective): rows trained once or more, those trained twice by id, the steps
+        (the checkpoint's and this start's), each rank's steps and rows, and for a `whole` epoch the rows it left
+        out by id (every row of its training split neither trained nor skipped as bad: the equal split's drop and
+        each rank's last rows that fill no step; rank 0 reads the skipped rows, the others record None)."""
+        merged, ranks = self.tally()
+        twice = sorted(r for r, n in merged.items() if n > 1)
+        record = {"epoch": self.state.epoch, "rows_trained": len(merged),
+                  "rows_trained_twice": sum(n - 1 for n in merged.values()), "rows_trained_twice_ids": twice[:ID_LIMIT],
+                  "steps": self.state.resumed_steps + max(steps for steps, _ in ranks),
+                  "ranks": [{"rank": r, "steps": steps, "rows": rows} for r, (steps, rows) in enumerate(ranks)],
+                  "resumed_with_rows": self.state.resumed_rows, "resumed_with_steps": self.state.resumed_steps}
+        if whole:
+            left = left_out(self.plan.train_rows, merged, self.skipped(self.state.epoch)) if self.rank == 0 else None
+            record["rows_left_out"] = None if left is None else len(left)
+            record["rows_left_out_ids"] = None if left is None else left[:ID_LIMIT]
+        return record
+
+
+ID_LIMIT = 1000  # row ids listed per kind in an epoch's record (the counts are whole)
+
+
+def left_out(train_rows: int, trained: Counter, skipped: set[int]) -> list[int]:
+    """The training split's row ids neither trained nor skipped (a bitmap: bounded for millions of rows)."""
+    import numpy as np
+
+    seen = np.zeros(train_rows, dtype=bool)
+    for ids in (list(trained), list(skipped)):
+        ids = np.asarray([i for i in ids if 0 <= i < train_rows], dtype=np.int64)
+        seen[ids] = True
+    return np.flatnonzero(~seen).tolist()
 
 
 def collate_group(encoder, use_gpu: bool):
@@ -134,7 +185,7 @@ def collate_group(encoder, use_gpu: bool):
     return collate
 
 
-def stream_callback(batches: StreamingBatches, total_rows: int, rank: int, gather):
+def stream_callback(batches: StreamingBatches, total_rows: int, rank: int):
     """The Trainer callback of the streaming path: `data_wait_s` (the mean wait of a step for its rows since the
     last log) in each train log, and `stream_state.json` (the epoch's trained rows of every rank) in each
     checkpoint. Put it before the run's reporter: the reporter records the log and uploads the checkpoint."""
@@ -154,53 +205,56 @@ def stream_callback(batches: StreamingBatches, total_rows: int, rank: int, gathe
                 logs["epoch"] = batches.epoch_progress()
 
         def on_save(self, args, state, control, **kwargs):
-            everyone = gather(sorted(batches.state.rows))  # every rank: a collective
+            merged, _ = batches.tally()  # every rank: a collective
             if rank == 0:
-                rows: set[int] = set()
-                for part in everyone:
-                    rows.update(part)
                 ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 if ckpt.is_dir():
-                    (ckpt / STATE_FILE).write_bytes(batches.state.to_json(rows, total_rows, state.global_step))
+                    twice = Counter({r: n - 1 for r, n in merged.items() if n > 1})
+                    (ckpt / STATE_FILE).write_bytes(batches.state.to_json(set(merged), total_rows, state.global_step,
+                                                                          twice))
 
     return StreamCallback()
 
 
 def read_eval_rows(plan: StreamPlan, mapping: dict[str, str], storage, encoder, max_seq_length: int):
-    """(the eval split's good rows as the job's fields with their row ids, {row: reason} of its bad ones): the
-    last `eval_rows` rows of the manifest, read from the shards that hold them (pyarrow; no Ray Data)."""
-    import io
-    import tarfile
-
-    from trainer.job.storage import filesystem
+    """(the eval sample's good rows as the job's fields with their row ids, {row: reason} of the bad ones read): the
+    first EVAL_SAMPLE_ROWS good rows of the held-out split (the last `eval_rows` rows of the manifest), read from
+    the shards that hold them, in order, none past the one that fills the sample (each checked against the
+    manifest's sha256; no Ray Data). A shard gone, changed or forbidden is one sentence (UsageError)."""
+    from trainer.job.flags import UsageError
+    from trainer.job.shard_manifest import ManifestError
+    from trainer.job.shard_read import shard_bytes, shard_table
 
     good, bad = [], {}
+    columns = sorted({*mapping.values(), ROW_ID})
     for shard in plan.eval_shards():
-        fs, path = filesystem(shard.uri, storage.emulator_host)
-        with fs.open_input_file(path) as fh:
-            data = fh.read()
-        if plan.shards.shard_format == "webdataset":
-            samples: dict[str, dict[str, Any]] = {}
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                for member in tar.getmembers():
-                    key, _, ext = member.name.partition(".")
-                    samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
-            raws = list(samples.values())
-        else:
-            import pyarrow.parquet as pq
-
-            raws = pq.read_table(io.BytesIO(data), columns=sorted({*mapping.values(), ROW_ID})).to_pylist()
-        for raw in raws:
+        if len(good) >= EVAL_SAMPLE_ROWS:
+            break
+        try:
+            data = shard_bytes(shard, plan.shards.root, storage.emulator_host)
+        except ManifestError as e:
+            raise UsageError(f"the eval split: {e}") from None
+        for raw in shard_table(data, plan.shards.shard_format, columns).to_pylist():
             row = canonical_row(raw, mapping, plan.shards.shard_format, plan.shards.image_column)
             if row[ROW_ID] < plan.first_eval_row:
                 continue
             problem, _ = check_row(row, encoder, max_seq_length)
             if problem:
                 bad[row[ROW_ID]] = problem
-            else:
+            elif len(good) < EVAL_SAMPLE_ROWS:
                 good.append(row)
     return sorted(good, key=lambda r: r[ROW_ID]), bad
 
+
+# Every worker holds the eval sample in memory (the Trainer's evaluation shards it across the ranks): at most this
+# many rows, whatever eval_fraction holds out of a large dataset.
+EVAL_SAMPLE_ROWS = 512
+
+
+def eval_rule(plan: StreamPlan, args: TrainArguments, sampled: int) -> str:
+    return (f"the last {plan.eval_rows} rows of the manifest's order are held out (eval_fraction {args.eval_fraction}); "
+            f"the eval loss is over the first good ones of them, at most {EVAL_SAMPLE_ROWS} ({sampled} here), which "
+            "each worker reads once and holds in memory")
 
 
 @dataclass
@@ -252,9 +306,14 @@ def prepare_stream(args: TrainArguments, processor, setup: StreamSetup, micro_ba
                      f"streamed, {plan.eval_rows} held out for eval", worker_counts(args.num_workers, args.min_workers),
                      args.dataset_name, skipped)
 
+    def skipped_in(epoch: int) -> set[int]:
+        from trainer.data.stream_rows import skipped_rows
+
+        return {row for rows in skipped_rows(setup.storage, epoch).values() for row in rows}
+
     batches = StreamingBatches(plan, make_dataset, collate_group(encoder, args.use_gpu), setup.rank,
                                setup.world_size, micro_batch, accumulation, state, setup.broadcast, setup.gather,
-                               setup.start_step, no_step)
+                               setup.start_step, no_step, skipped_in)
     evaluation, eval_bad = None, {}
     if plan.eval_rows:
         rows, eval_bad = read_eval_rows(plan, mapping, setup.storage, encoder, args.max_seq_length)
@@ -274,7 +333,7 @@ def prepare_stream(args: TrainArguments, processor, setup: StreamSetup, micro_ba
         "rows_left_out_per_epoch": plan.train_rows - plan.steps_per_epoch() * plan.global_batch,
         "steps_per_epoch": plan.steps_per_epoch(),
     }
-    callback = stream_callback(batches, plan.shards.rows, setup.rank, setup.gather)
+    callback = stream_callback(batches, plan.shards.rows, setup.rank)
     return batches, evaluation, Collator(encoder, ".", None), stats, callback, plan
 
 
@@ -290,14 +349,35 @@ def streaming_trainer(trainer_cls: Any, batches: StreamingBatches) -> Any:
     return Streamed
 
 
-def summary_section(plan: StreamPlan, batches: StreamingBatches, args: TrainArguments) -> dict[str, Any]:
-    """What summary.json says about the stream: the rules, each epoch's rows, the data wait."""
+RECORD_RULE = ("each epoch as trained: the rows each rank was handed for its steps, counted as a multiset across the "
+               "ranks and the checkpoint resumed from (rows_trained_twice: the times beyond once, with their ids); "
+               "steps counted; rows_left_out: the training split's rows neither trained nor skipped as bad (the equal "
+               f"split's drop and each rank's last rows that fill no step), by id (the first {ID_LIMIT} of each list)")
+
+
+def observed_epoch(section: dict[str, Any]) -> dict[str, Any]:
+    """rows_per_epoch, rows_left_out_per_epoch, steps_per_epoch of the summary as the last whole epoch trained them
+    (None each when no epoch was whole: max_steps ended the first)."""
+    whole = [e for e in section["epochs"] if not e.get("cut_short_by_max_steps")]
+    last = whole[-1] if whole else {}
+    return {"rows_per_epoch": last.get("rows_trained"), "rows_left_out_per_epoch": last.get("rows_left_out"),
+            "steps_per_epoch": last.get("steps")}
+
+
+def summary_section(plan: StreamPlan, batches: StreamingBatches, args: TrainArguments,
+                    eval_sampled: int) -> dict[str, Any]:
+    """What summary.json says about the stream: the rules, each epoch as trained (and the plan's figures beside
+    them), the epochs trained, the data wait."""
     waits = batches.waits
     return {"shards": len(plan.shards.shards), "shard_format": plan.shards.shard_format,
             "content_sha256": plan.shards.content_sha256, "shuffle_rule": plan.shuffle_rule(),
             "shuffle_window": plan.window, "resume_rule": RESUME_RULE, "eval_rule":
-            f"the last {plan.eval_rows} rows of the manifest's order (eval_fraction {args.eval_fraction})",
-            "epochs": batches.epochs, "resumed_with_rows": batches.state.resumed_rows if batches.epochs == [] else
+            eval_rule(plan, args, eval_sampled),
+            "epochs": batches.epochs, "epochs_trained": batches.epochs_trained(), "record_rule": RECORD_RULE,
+            "planned": {"rows_per_epoch": plan.steps_per_epoch() * plan.global_batch,
+                        "rows_left_out_per_epoch": plan.train_rows - plan.steps_per_epoch() * plan.global_batch,
+                        "steps_per_epoch": plan.steps_per_epoch()},
+            "resumed_with_rows": batches.state.resumed_rows if batches.epochs == [] else
             batches.epochs[0].get("resumed_with_rows", 0),
             "data_wait_s": {"steps": len(waits), "total": round(sum(waits), 4),
                             "first_step": round(waits[0], 4) if waits else None,

@@ -6,6 +6,8 @@ lists, each with its rows, its first row's index, its size, sha256 and md5. The 
 a row: the manifest is whole (every key, types, contiguous row ranges that add up to its row count), the columns
 the run maps are there, and every shard is there with its size and md5 (a gs:// object's md5 is its metadata;
 a local file is hashed). Anything else is one sentence naming the shard or the column, before any GPU starts.
+Every shard's bytes are checked against the manifest's sha256 again when the stream reads them
+(``trainer.job.shard_read``), on gs:// as on a local disk (``NO_MD5_RULE``: an object without an md5).
 
 Standard library and pyarrow (which comes with Ray) only.
 """
@@ -24,6 +26,11 @@ SHARD_SUFFIX = {"parquet": "parquet", "webdataset": "tar"}
 ROW_ID = "_row"
 HASH_CHUNK = 1 << 20
 SHARD_KEYS = {"name": str, "rows": int, "first_row": int, "bytes": int, "sha256": str, "md5": str}
+
+
+# A gs:// object GCS gives no md5 (a composite object, e.g. from a parallel composite upload) is not skipped:
+NO_MD5_RULE = ("a gs:// shard without an md5 (a composite object) is checked by its size on the head and by the "
+               "manifest's sha256 of its bytes when the stream reads it, as every shard is")
 
 
 class ManifestError(ValueError):
@@ -140,29 +147,38 @@ def _hashes(fs, path: str) -> tuple[str, str]:
     return sha.hexdigest(), base64.b64encode(md5.digest()).decode()
 
 
+def _fix(root: str) -> str:
+    return f"write it again: delete it and {MANIFEST_FILE}, then run {_rewrite(root)} with the same source and flags"
+
+
+def missing(root: str, name: str) -> ManifestError:
+    return ManifestError(f"dataset {root}: shard {name} is missing ({MANIFEST_FILE} lists it); {_fix(root)}")
+
+
+def other_hash(root: str, name: str, kind: str) -> ManifestError:
+    return ManifestError(f"dataset {root}: shard {name} has another {kind} than {MANIFEST_FILE} records (it changed "
+                         f"after it was written); {_fix(root)}")
+
+
 def check_shards(shards: ShardSet, fs, base: str, is_gcs: bool, hash_local: bool = True) -> None:
-    """Every shard the manifest lists is there, with its size and md5 (gs://: its metadata; local: hashed unless
-    `hash_local` is off); else ManifestError naming the first shard that is not."""
+    """Every shard the manifest lists is there, with its size and md5 (gs://: its metadata, NO_MD5_RULE without
+    one; local: hashed unless `hash_local` is off); else ManifestError naming the first shard that is not."""
     import pyarrow.fs as pafs
 
     found = {i.path.rsplit("/", 1)[-1]: i for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))}
     for shard in shards.shards:
         info = found.get(shard.name)
-        fix = (f"write it again: delete it and {MANIFEST_FILE}, then run {_rewrite(shards.root)} with the same "
-               "source and flags")
         if info is None or info.type != pafs.FileType.File:
-            raise ManifestError(f"dataset {shards.root}: shard {shard.name} is missing ({MANIFEST_FILE} lists it); {fix}")
+            raise missing(shards.root, shard.name)
         if info.size != shard.size:
             raise ManifestError(f"dataset {shards.root}: shard {shard.name} has {info.size} bytes, {MANIFEST_FILE} "
-                                f"says {shard.size} (damaged or cut short); {fix}")
+                                f"says {shard.size} (damaged or cut short); {_fix(shards.root)}")
         if is_gcs:
             md5 = _md5_of(fs, info.path)
             if md5 and md5 != shard.md5:
-                raise ManifestError(f"dataset {shards.root}: shard {shard.name} has another md5 than {MANIFEST_FILE} "
-                                    f"records (it changed after it was written); {fix}")
+                raise other_hash(shards.root, shard.name, "md5")
         elif hash_local and _hashes(fs, info.path)[0] != shard.sha256:
-            raise ManifestError(f"dataset {shards.root}: shard {shard.name} has another sha256 than {MANIFEST_FILE} "
-                                f"records (it changed after it was written); {fix}")
+            raise other_hash(shards.root, shard.name, "sha256")
 
 
 def load(fs, base: str, root: str, is_gcs: bool, mapping: dict[str, str] | None = None) -> ShardSet:

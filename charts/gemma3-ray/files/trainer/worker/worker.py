@@ -160,9 +160,12 @@ def _train(config: dict[str, Any], args: TrainArguments, storage: Storage, rank:
                  "skipped_in_training": count_by_reason(skipped), "skipped_in_training_row_ids": some_row_ids(skipped),
                  "startup": startup_timing.split(), "definition": config.get("definition"),
                  "batch_shapes": segments}
-        if trainer.stream is not None:
+        if trainer.stream is not None:  # the figures as trained, not as planned (the plan's: streaming.planned)
             streamed = stream_summary(trainer, storage, stats, args)
-            extra["streaming"] = streamed
+            from trainer.data.streaming import observed_epoch
+
+            stats.update(observed_epoch(streamed))
+            extra["streaming"], extra["epochs"] = streamed, streamed["epochs_trained"]
         line = skipped_line(extra["skipped_in_training"], extra["skipped_in_training_row_ids"], "in training")
         if line:
             print(line, flush=True)
@@ -218,7 +221,7 @@ def stream_summary(trainer, storage: Storage, stats: dict[str, Any], args: Train
     line = skipped_line(stats["skipped_rows"], stats["skipped_row_ids"], "as they streamed")
     if line:
         print(line, flush=True)
-    section = streaming.summary_section(plan, batches, args)
+    section = streaming.summary_section(plan, batches, args, stats["eval_rows"])
     print(f"[stream] {json.dumps(section)}", flush=True)
     return section
 

@@ -153,6 +153,12 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("release: SUCCEEDED", RELEASE, "The RayJob of the chart installed from the registry reaches SUCCEEDED, "
               "as the directory install does.", _f("release", "succeeded"), needs=("release: install by digest",),
               typical_s=240),
+    StageSpec("release: upgrade from the previous version", RELEASE, "The newest released artifact "
+              "(charts/releases/, pushed by `helm push`) installed by digest and its job RUNNING, `gemma3-ray values "
+              "--check` passing values/e2e.yaml for that version, then `helm upgrade` to this chart pushed by "
+              "`gemma3-ray release --apply`: as the chart README's rule says, a new RayJob and run SUCCEED, the "
+              "previous version's RayJob and its cluster are gone, and the ServiceAccount is the same object.",
+              _f("release", "upgrade_from_previous"), typical_s=360),
     # ------------------------------------------------------------------------------------------ fleet (opt-in, #43)
     # `make e2e ARGS="--only first,fleet"`: needs kwok beside the local cluster (e2e/build/parts.sh build kwok);
     # elsewhere each row is "not run" with the reason (e2e/stages/fleet.py).

@@ -84,18 +84,22 @@ def claim_kueue(h: Harness, ns: str, priority: str = "") -> tuple[str, dict[str,
 
 
 def quota_problem(cq: dict[str, Any], rayjob: dict[str, Any], jobs: int = 1) -> str:
-    """'' when every flavor of the ClusterQueue has exactly the quota for `jobs` of this RayJob (every pod set's
-    requests, as Kueue counts them), else what differs."""
+    """'' when the ClusterQueue's flavors hold, in all, exactly the quota for `jobs` of this RayJob (every pod set's
+    requests, as Kueue counts them; kueue setup splits them by pod set: the workers' to the GPU flavor, the head's
+    and the submitter's to the CPU flavor), else what differs."""
     from gemma3_ray.kueue import objects as ko
 
     want = {r: v * jobs for r, v in ko.add(*(s.total() for s in ko.pod_sets(rayjob))).items()}
-    problems = []
-    for rg in cq.get("resourceGroups") or []:
-        for flavor in rg.get("flavors") or []:
-            got = {r["name"]: ko.quantity(r["nominalQuota"]) for r in flavor.get("resources") or []}
-            if got != {r: want.get(r, 0) for r in got} or set(want) - set(got):
-                problems.append(f"flavor {flavor['name']}: {ko.describe(got)}, want {ko.describe(want)}")
-    return "; ".join(problems) if problems else ("" if cq.get("resourceGroups") else "no resourceGroups: no quota")
+    flavors = [f for rg in cq.get("resourceGroups") or [] for f in rg.get("flavors") or []]
+    if not flavors:
+        return "no resourceGroups: no quota"
+    got = ko.add(*({r["name"]: ko.quantity(r["nominalQuota"]) for r in f.get("resources") or []} for f in flavors))
+    got, want = ({k: v for k, v in d.items() if v} for d in (got, want))  # a quota of 0 is none
+    if got != want:
+        each = "; ".join(f"{f['name']}: " + ko.describe({r["name"]: ko.quantity(r["nominalQuota"])
+                                                         for r in f.get("resources") or []}) for f in flavors)
+        return f"flavors {each}: {ko.describe(got)} in all, want {ko.describe(want)}"
+    return ""
 
 
 def _rendered_job(h: Harness, values: list[Path]) -> dict[str, Any]:

@@ -357,3 +357,25 @@ def test_a_kind_the_cluster_does_not_serve_has_nothing_left_and_a_cluster_that_d
     gone = Session(Kube(dead, tmp_path / "log2"), run_id="nokind")
     with pytest.raises(StageError):
         gone.left()
+
+
+def test_a_job_split_over_a_gpu_and_a_cpu_flavor_is_one_jobs_quota_in_all() -> None:
+    """values/shared-cluster.yaml: kueue setup gives the workers' requests to the GPU flavor and the head's and the
+    submitter's to the CPU flavor. The quota asked for is their sum (before: each flavor was compared with the whole
+    job, and the first real run of `kueue setup` failed on a ClusterQueue that was right)."""
+    def pod(cpu: str, mem: str, gpu: str = "") -> dict:
+        req = {"cpu": cpu, "memory": mem, **({"nvidia.com/gpu": gpu} if gpu else {})}
+        return {"spec": {"containers": [{"resources": {"requests": req}}]}}
+    job = {"spec": {"rayClusterSpec": {"headGroupSpec": {"template": pod("1", "2Gi")}, "workerGroupSpecs": [
+        {"groupName": "w", "replicas": 2, "template": pod("2", "4Gi", "8")}]}}}
+
+    def cq(gpu_flavor: dict, cpu_flavor: dict) -> dict:
+        def flavor(name: str, res: dict) -> dict:
+            return {"name": name, "resources": [{"name": k, "nominalQuota": v} for k, v in res.items()]}
+        return {"resourceGroups": [{"flavors": [flavor("gpu", gpu_flavor)]}, {"flavors": [flavor("cpu", cpu_flavor)]}]}
+    split = cq({"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "16"}, {"cpu": "1500m", "memory": "2248Mi"})
+    assert shared_cluster.quota_problem(split, job) == ""
+    short = cq({"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "8"}, {"cpu": "1500m", "memory": "2248Mi"})
+    assert "nvidia.com/gpu 8" in shared_cluster.quota_problem(short, job)
+    double = cq({"cpu": "8", "memory": "16Gi", "nvidia.com/gpu": "32"}, {"cpu": "3", "memory": "4496Mi"})
+    assert "want" in shared_cluster.quota_problem(double, job)

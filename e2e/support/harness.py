@@ -27,6 +27,7 @@ VALUES = ROOT / "values" / "e2e.yaml"
 MODEL_KEY = "inputs/tiny-gemma3"
 DATA_KEY = "inputs/sample-data"
 RUN_TIMEOUT_S = 900
+CLEANUP_GONE_S = 300  # after `helm uninstall --wait` gave up on an object still Terminating
 # what a release leaves besides its manifest's objects, found by its instance label (KubeRay's RayCluster and pods)
 RELEASE_KINDS = ["rayjobs", "rayclusters", "pods", "services", "configmaps", "secrets", "serviceaccounts", "jobs"]
 
@@ -245,13 +246,28 @@ class Harness:
         self.kube.wait_for(f"uninstall {release}: every object of the release gone", nothing_left, timeout, ns)
         return named
 
+    def _still_going(self, release: str, ns: str, said: str) -> list[str]:
+        """helm uninstall gave up waiting on an object still Terminating (a RayJob whose finalizer KubeRay has not
+        lifted yet): wait for the release's objects to go, CLEANUP_GONE_S more; a problem only if any is left then
+        (or helm failed otherwise). Seen 2026-12-04: RayJob a-… Terminating after 120 s, gone with its namespace."""
+        if "Terminating" not in said:
+            return [f"helm uninstall {release} -n {ns}: {said[-200:]}"]
+        sel = f"app.kubernetes.io/instance={release}"
+        try:
+            self.kube.wait_for(f"uninstall {release}: its objects gone", lambda: not self.kube.gone(
+                ns, sel, RELEASE_KINDS), CLEANUP_GONE_S, ns)
+        except StageError as e:
+            return [f"helm uninstall {release} -n {ns}: {said[-200:]}; still there {CLEANUP_GONE_S} s later: "
+                    f"{str(e).splitlines()[0][:200]}"]
+        return []
+
     def cleanup(self) -> list[str]:
         """Uninstall what is left and delete the namespaces this run made; problems as sentences."""
         problems: list[str] = []
         for ns, release in list(self.installed):
             proc = self.kube.h("uninstall", release, "-n", ns, "--wait", "--timeout", "120s", check=False, timeout=180)
             if proc.returncode != 0 and "not found" not in proc.stderr:
-                problems.append(f"helm uninstall {release} -n {ns}: {proc.stderr.strip()[-200:]}")
+                problems += self._still_going(release, ns, proc.stderr.strip())
         for ns in self.namespaces:
             proc = self.kube.k("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout=180)
             if proc.returncode != 0 and "NotFound" not in proc.stderr:

@@ -75,7 +75,7 @@ STAGES: tuple[StageSpec, ...] = (
               "(`-w`: the RayJob's row; `logs -f`: the run's name; port-forward on a free local port: that "
               "cluster's dashboard and Ray version; `gcloud storage ls`: the run's files), or is run by the stage "
               "named, or is listed as not run with why.", _f("first_run", "notes_commands"),
-              needs=("install", "helm test"), typical_s=30),
+              needs=("install", "RayJob SUCCEEDED", "helm test"), typical_s=30),  # logs -f reads the job's output
     StageSpec("NOTES: finalizer line", FIRST, "The NOTES line that removes the RayJob's finalizer frees a RayJob "
               "held terminating after `helm uninstall` (on a release made for it).",
               _f("first_run", "finalizer_line"), typical_s=30),

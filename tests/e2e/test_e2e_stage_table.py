@@ -172,6 +172,11 @@ def test_stages_that_do_not_fit_before_the_deadline_are_not_run_time(tmp_path: P
     assert rec.row("install").result == PASS  # 10 s fits
     assert rec.row("RayJob SUCCEEDED").result == NOT_RUN  # 120 s does not
     assert "s left before E2E_DEADLINE" in rec.row("RayJob SUCCEEDED").detail
+    # what reads the job's own output is not run without it (2026-12-05, E2E_DEADLINE 300 s ahead: `NOTES commands`
+    # ran after `RayJob SUCCEEDED` was left out for time, and failed on `logs -f job/…`: the submitter not made yet)
+    for later in ("NOTES commands", "outputs in the bucket", "gemma3-ray status/logs"):
+        assert rec.row(later).result == NOT_RUN and rec.row(later).result != "fail", later
+        assert later not in h.called, later
 
 
 def test_the_setup_rows_are_walked_first(tmp_path: Path) -> None:

@@ -252,10 +252,8 @@ class Harness:
         (or helm failed otherwise). Seen 2026-12-04: RayJob a-… Terminating after 120 s, gone with its namespace."""
         if "Terminating" not in said:
             return [f"helm uninstall {release} -n {ns}: {said[-200:]}"]
-        sel = f"app.kubernetes.io/instance={release}"
-        try:
-            self.kube.wait_for(f"uninstall {release}: its objects gone", lambda: not self.kube.gone(
-                ns, sel, RELEASE_KINDS), CLEANUP_GONE_S, ns)
+        try:  # the manifest went with the release record: what is labelled as the release's is what is left
+            self.wait_release_gone(release, ns, [], CLEANUP_GONE_S)
         except StageError as e:
             return [f"helm uninstall {release} -n {ns}: {said[-200:]}; still there {CLEANUP_GONE_S} s later: "
                     f"{str(e).splitlines()[0][:200]}"]

@@ -146,6 +146,11 @@ class RayHead(OwnsProcess):
             # servers there) unless it runs as a single-machine cluster: this keeps every Ray server
             # (GCS, raylet, agents, workers) on 127.0.0.1.
             RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+            # Ray 2.60's `ray start --block` drains its node on SIGTERM for up to this long before it stops
+            # anything (for Ray Serve's proxies); a node holding an actor (Ray Train's detached state actor, after
+            # every job) never drains, so each stop waited the whole 30 s default and ended in SIGKILL. This head
+            # serves one job of ours and stops after it: nothing to drain for.
+            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
             # The job's `python` is this Python (the entry point says `python ...`).
             PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         )

@@ -39,11 +39,13 @@ def _signal(procs: list[psutil.Process], sig: int) -> None:
 
 @dataclass
 class Stopped:
-    """What :meth:`Owned.stop` did: the pids it stopped and those still running after SIGKILL."""
+    """What :meth:`Owned.stop` did: the pids it stopped, those that outlived SIGTERM's grace and were SIGKILLed,
+    and those still running after SIGKILL."""
 
     root: int | None
     stopped: list[int] = field(default_factory=list)
     left: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +129,7 @@ class Owned:
         result.stopped += [p.pid for p in rest if p.pid not in result.stopped]
         _signal(rest, signal.SIGTERM)
         _, alive = psutil.wait_procs(rest, timeout=grace_s)
+        result.killed = [p.pid for p in alive]
         _signal(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=grace_s)
         if self.process is not None:

@@ -9,6 +9,7 @@ for it is taken before Ray binds it.
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import psutil
@@ -78,3 +79,31 @@ def test_a_head_that_never_gets_ready_is_one_sentence_naming_its_logs(tmp_path: 
     # Nothing of it runs and its temp dir is gone before the error reaches the caller.
     assert head.stopped is not None and not _alive(head.stopped.stopped)
     assert not head.temp_dir.exists()
+
+
+def test_a_head_that_ran_a_job_stops_on_sigterm_without_a_kill(tmp_path: Path) -> None:
+    """Ray 2.60's `ray start --block` drains its node on SIGTERM for up to RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+    (30 s) before it stops anything, and a node that holds an actor (Ray Train's detached state actor after every
+    job, here one of the job's own) never drains: the head outlived our grace, every process was SIGKILLed, and
+    each demo run spent 31 s stopping (seen 2026-12-05). The local head has nothing to drain for."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    head = local_cluster.ray_head(2, tmp_path / "ray-head.log")
+    try:
+        head.start()
+        client = JobSubmissionClient(head.dashboard_url, headers=head.headers)
+        job = client.submit_job(entrypoint="python -c \"import ray; ray.init(); ray.remote(num_cpus=0)(type('Held', "
+                                "(), {'ping': lambda self: 1})).options(name='held', lifetime='detached').remote(); "
+                                "print('held')\"")
+        status = None
+        for _ in range(240):
+            status = client.get_job_status(job)
+            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                break
+            time.sleep(0.5)
+        assert status == JobStatus.SUCCEEDED, client.get_job_logs(job)
+    finally:
+        head.stop()
+    stopped = head.stopped
+    assert stopped is not None and stopped.killed == [], f"SIGKILLed after the grace: {stopped.killed}"
+    assert not _alive(head.seen)

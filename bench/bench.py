@@ -58,6 +58,16 @@ VISION_CONFIG = dict(
     num_attention_heads=16, patch_size=14, image_size=IMAGE_SIDE, vision_use_head=False,
 )
 MM_TOKENS_PER_IMAGE = 256
+# The other Gemma 3 vision sizes (google/gemma-3-12b-it, -27b-it): the same SigLIP tower and processor, a larger
+# language model. Bytes: their bf16 weights, to place them where they fit on the GPU machine (ensure_weights).
+SIZES: dict[str, dict[str, Any]] = {
+    "4b": {},
+    "12b": dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256),
+    "27b": dict(hidden_size=5376, intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32,
+                num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=168),
+}
+WEIGHT_BYTES = {"4b": 8.6e9, "12b": 24.4e9, "27b": 54.9e9}
 
 # Recipes: trainer flags. Everything not named takes the trainer's default.
 TUTORIAL_FLAGS = {
@@ -111,32 +121,60 @@ RECIPES: dict[str, dict[str, Any]] = {
 # prepare (CPU, here): processor and config; the GPU machine has no GGUF package to build them from
 # ------------------------------------------------------------------------------------------------
 def prepare(out: Path) -> Path:
+    """The processor and the config of every size in SIZES (out/gemma3-4b, gemma3-12b, gemma3-27b)."""
     from localkit.tiny_model import gemma3_processor_and_config
 
-    processor, config = gemma3_processor_and_config(TEXT_CONFIG, VISION_CONFIG, MM_TOKENS_PER_IMAGE)
-    target = out / "gemma3-4b"
-    target.mkdir(parents=True, exist_ok=True)
-    processor.save_pretrained(target)
-    config.save_pretrained(target)
-    return target
+    for size, text in SIZES.items():
+        processor, config = gemma3_processor_and_config({**TEXT_CONFIG, **text}, VISION_CONFIG, MM_TOKENS_PER_IMAGE)
+        target = out / f"gemma3-{size}"
+        target.mkdir(parents=True, exist_ok=True)
+        processor.save_pretrained(target)
+        config.save_pretrained(target)
+    return out / "gemma3-4b"
 
 
 # ------------------------------------------------------------------------------------------------
 # run (GPU)
 # ------------------------------------------------------------------------------------------------
-def ensure_weights(assets: Path, work: Path, layers: tuple[int, int] | None = None) -> Path:
-    """Random bf16 weights for the 4B architecture, saved once so the trainer loads them its own way;
+def weights_home(work: Path, size: str) -> Path:
+    """Where `size`'s random weights go: `work`, unless it lacks room for them and /dev/shm has it (the 27B's 55 GB
+    beside the GPU machine's 64 GiB disk); other sizes' weights are removed first when neither has room."""
+    import shutil
+
+    need = WEIGHT_BYTES[size] * 1.05
+    work.mkdir(parents=True, exist_ok=True)
+    for home in (work, Path("/dev/shm/gemma3-bench")):
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            if shutil.disk_usage(home).free > need:
+                return home
+        except OSError:
+            continue
+    for home in (work, Path("/dev/shm/gemma3-bench")):
+        for old in home.glob("gemma3-*-random*") if home.exists() else ():
+            if not old.name.startswith(f"gemma3-{size}-"):
+                print(f"[bench] removing {old} to make room for the {size} weights", flush=True)
+                shutil.rmtree(old, ignore_errors=True)
+    return max((work, Path("/dev/shm/gemma3-bench")),
+               key=lambda h: shutil.disk_usage(h).free if h.exists() else 0)
+
+
+def ensure_weights(assets: Path, work: Path, layers: tuple[int, int] | None = None, size: str = "4b") -> Path:
+    """Random bf16 weights for `size`'s architecture (SIZES), saved once so the trainer loads them its own way;
     `layers` = (language model, vision tower) layers of a reduced copy of it (the FP8 loss comparison)."""
     import shutil
 
     import torch
     from transformers import AutoConfig, Gemma3ForConditionalGeneration
 
-    model_dir = work / ("gemma3-4b-random" if not layers else f"gemma3-4b-random-{layers[0]}x{layers[1]}")
-    if (model_dir / "model.safetensors.index.json").exists() or (model_dir / "model.safetensors").exists():
-        return model_dir
+    name = f"gemma3-{size}-random" + (f"-{layers[0]}x{layers[1]}" if layers else "")
+    for home in (work, Path("/dev/shm/gemma3-bench")):
+        found = home / name
+        if (found / "model.safetensors.index.json").exists() or (found / "model.safetensors").exists():
+            return found
+    model_dir = (weights_home(work, size) if not layers else work) / name
     t0 = time.time()
-    src = assets / "gemma3-4b"
+    src = assets / f"gemma3-{size}"
     config = AutoConfig.from_pretrained(src)
     if layers:
         config.text_config.num_hidden_layers, config.vision_config.num_hidden_layers = layers
@@ -153,7 +191,7 @@ def ensure_weights(assets: Path, work: Path, layers: tuple[int, int] | None = No
     del model
     torch.cuda.empty_cache()
     tmp.rename(model_dir)
-    print(f"[bench] random 4B weights saved in {time.time() - t0:.0f}s", flush=True)
+    print(f"[bench] random {size} weights saved in {time.time() - t0:.0f}s ({model_dir})", flush=True)
     return model_dir
 
 
@@ -213,10 +251,13 @@ def model_flops_per_sample(config, n_tokens: float, vision_backward: bool) -> fl
 
 def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, steps: int, phase_steps: int,
         out: Path | None, smoke: bool = False, name: str | None = None, epochs: float = 0.0,
-        rows: int = 0, layers: tuple[int, int] | None = None, profile: bool = False) -> dict[str, Any]:
+        rows: int = 0, layers: tuple[int, int] | None = None, profile: bool = False, size: str = "4b",
+        memory_gib: float = 0.0) -> dict[str, Any]:
     """One recipe: `warmup + steps + phase_steps` optimizer steps, or with `epochs`, that many epochs over
     `rows` rows (the tutorial's workload: 3 x 1,345), timed end to end by trainer.train(). `profile`: one more
-    step, after the timed ones, under torch.profiler (bench/profile_step.py), written beside `out`."""
+    step, after the timed ones, under torch.profiler (bench/profile_step.py), written beside `out`. `size`: the
+    Gemma 3 size (SIZES); `memory_gib`: this process's GPU memory capped there (a smaller GPU, emulated: PyTorch's
+    allocator refuses to reserve more, so a row that does not fit there fails out of memory here)."""
     import torch
     from transformers import AutoConfig, AutoProcessor
 
@@ -227,15 +268,21 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
 
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)  # as the trainer's workers do
-    res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False, "layers": layers}
+    res: dict[str, Any] = {"name": name or recipe, "recipe": recipe, "ok": False, "layers": layers, "size": size}
     t0 = time.time()
     try:
+        if memory_gib and not smoke:
+            total = torch.cuda.get_device_properties(0).total_memory
+            if memory_gib * 2**30 > total:
+                raise ValueError(f"--memory_gib {memory_gib} is above this GPU's {total / 2**30:.1f} GiB")
+            torch.cuda.set_per_process_memory_fraction(memory_gib * 2**30 / total)
+            res["memory_cap_gib"] = memory_gib
         if smoke:  # CPU check of this script: the tiny demo model instead of 4B
             from localkit.tiny_model import build_tiny_gemma3
 
             model_dir = build_tiny_gemma3()
         else:
-            model_dir = ensure_weights(assets, work, layers)
+            model_dir = ensure_weights(assets, work, layers, size)
         processor = AutoProcessor.from_pretrained(model_dir)
         flags = dict(RECIPES[recipe])
         argv = [f"--{k}={v}" for k, v in flags.items()] + list(extra)
@@ -335,6 +382,8 @@ def run(assets: Path, work: Path, recipe: str, extra: list[str], warmup: int, st
         res["error"] = f"{type(e).__name__}: {str(e)[:800]}"
         if torch.cuda.is_available():
             res["peak_alloc_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            res["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        res["out_of_memory"] = "OutOfMemoryError" in type(e).__name__ or "out of memory" in str(e)
     res["wall_s"] = round(time.time() - t0, 1)
     res["versions"] = versions()
     return emit(res, out)
@@ -388,11 +437,15 @@ def main() -> None:
     r.add_argument("--rows", type=int, default=0, help="rows of the synthetic dataset (default: enough steps)")
     r.add_argument("--layers", default="", help="LM,vision layers of a reduced 4B model (e.g. 6,6; default: all)")
     r.add_argument("--profile", action="store_true", help="one more step under torch.profiler, written beside --out")
+    r.add_argument("--size", default="4b", choices=sorted(SIZES), help="the Gemma 3 size (random weights)")
+    r.add_argument("--memory_gib", type=float, default=0.0,
+                   help="cap this process's GPU memory here (a smaller GPU's, emulated; default: the whole GPU)")
     r.add_argument("flags", nargs="*", help="extra trainer flags, e.g. --per_device_train_batch_size=12")
     d = sub.add_parser("data", help="write the random 4B weights and N synthetic rows (for bench/e2e_ray.sh)")
     d.add_argument("--assets", type=Path, default=ROOT / ".bench" / "assets")
     d.add_argument("--work", type=Path, default=Path(os.environ.get("BENCH_WORK", "/tmp/gemma3-bench")))
     d.add_argument("--rows", type=int, required=True)
+    d.add_argument("--size", default="4b", choices=sorted(SIZES), help="the Gemma 3 size (random weights)")
     a = parser.parse_args()
     if a.cmd == "prepare":
         print(prepare(a.out))
@@ -400,11 +453,14 @@ def main() -> None:
         from transformers import AutoProcessor
 
         a.work.mkdir(parents=True, exist_ok=True)
-        model_dir = ensure_weights(a.assets, a.work)
+        t0 = time.time()
+        model_dir = ensure_weights(a.assets, a.work, size=a.size)
+        print(f"[bench] {a.size} weights at {model_dir} ({time.time() - t0:.0f}s)", flush=True)
         print(write_dataset(AutoProcessor.from_pretrained(model_dir), a.work, a.rows))
     else:
         res = run(a.assets, a.work, a.recipe, a.flags, a.warmup, a.steps, a.phase_steps, a.out, a.smoke, a.name,
-                  a.epochs, a.rows, tuple(int(v) for v in a.layers.split(",")) if a.layers else None, a.profile)
+                  a.epochs, a.rows, tuple(int(v) for v in a.layers.split(",")) if a.layers else None, a.profile,
+                  a.size, a.memory_gib)
         sys.exit(0 if res.get("ok") else 1)
 
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 from gemma3_ray import cli
-from gemma3_ray.config import machine_shapes
+from gemma3_ray.config import fits, machine_shapes
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.config.kube_context import parse_gke_context
 from gemma3_ray.utils import names
@@ -97,16 +97,17 @@ def test_every_machine_shape_renders(machine: str, gcloud_home: GcloudHome, tmp_
     rendered = json.dumps(_find(docs, "RayJob"))
     assert f'"nvidia.com/gpu": {shape.gpus_per_node}' in rendered
     assert shape.accelerator in rendered and "h-res" in rendered
-    # The default model fits the GPU: fast recipe at full batch on >= 140 GB, a smaller batch on 80 GB,
-    # the tutorial's 4-bit recipe on a 24 GB L4 — in the RayJob the chart renders.
+    # The default model (4B) fits the GPU as the fit table measured it (fits.toml): the fast recipe at its own
+    # micro-batch 16 on an H200 or B200, a smaller one below, the tutorial's 4-bit recipe on a 24 GB L4 — in the
+    # RayJob the chart renders.
     entry = _find(docs, "RayJob")["spec"]["entrypoint"]
-    memory = machine_shapes.GPU_MEMORY_GB[shape.accelerator]
-    if memory >= 140:
-        assert "--per_device_train_batch_size" not in entry and "--recipe" not in entry
-    elif memory >= 80:
-        assert "--per_device_train_batch_size=6" in entry and "--recipe" not in entry
+    cell = fits.table().cell("4b", shape.accelerator)
+    assert cell is not None and cell.fits
+    assert ("--recipe=tutorial" in entry) is (cell.recipe == "tutorial")
+    if cell.micro_batch == fits.RECIPE_MICRO_BATCH[cell.recipe]:
+        assert "--per_device_train_batch_size" not in entry
     else:
-        assert "--recipe=tutorial" in entry
+        assert f"--per_device_train_batch_size={cell.micro_batch} " in entry + " "
 
 
 def test_every_known_accelerator_has_a_memory_size() -> None:
@@ -297,7 +298,9 @@ def test_owned_keys_are_authoritative_on_every_write(gcloud_home: GcloudHome, tm
     assert "recipe" not in v["training"] and "capacity" not in v
     assert "l4-res" not in text and "tutorial" not in text and "g2-standard-8" not in text
     assert (v["workers"]["accelerator"], v["workers"]["gpusPerNode"]) == ("nvidia-b200", 8)
-    assert v["training"] == {"model_id": "google/gemma-3-12b-pt", "learning_rate": 0.0001}
+    # the file's model is 12B: the fit table's micro-batch for it on a B200 (fits.toml), the L4's recipe gone
+    assert v["training"] == {"model_id": "google/gemma-3-12b-pt", "learning_rate": 0.0001,
+                             "per_device_train_batch_size": 8}
     for kept in ("# my team's file", "# the bigger one", "# our learning rate",
                  "# note: ask #ml-infra before changing the bucket"):
         assert kept in text
@@ -318,7 +321,7 @@ def test_a_values_file_without_a_shape_drops_the_old_shape(gcloud_home: GcloudHo
     gcloud_home.write("default", GCLOUD_PROPS, activate=True)
     mine = tmp_path / "v.yaml"
     assert cli.main(["values", "-o", str(mine), "--machine-type", "a3-highgpu-8g"]) == 0
-    assert yaml.safe_load(mine.read_text())["training"] == {"per_device_train_batch_size": 6}
+    assert yaml.safe_load(mine.read_text())["training"] == {"per_device_train_batch_size": 8}
     assert cli.main(["values", "-o", str(mine)]) == 0
     v = yaml.safe_load(mine.read_text())
     assert "training" not in v and set(v["workers"]) == {"replicas"}

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from gemma3_ray import __version__
 from gemma3_ray.cli import common, values_check_command
+from gemma3_ray.config import fits
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.utils import errors, tokens
 from gemma3_ray.utils.errors import EXIT_FAILURE, UserError
@@ -73,17 +74,24 @@ def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     if values_check_command.checking(args):
         return values_check_command.cmd_check(args)
 
+    existing = render.load(Path(args.output)) if args.output else None
+    # The model's size picks the fit table's cell: --model-size, else the id --model gives, else the one the values
+    # file already has (training.model_id), else the chart's default (4B). Checked before anything is resolved.
+    training = (existing or {}).get("training")
+    model = args.model or (training.get("model_id") if isinstance(training, dict) else None)
+    size = fits.size_of(model, args.model_size)
     dep, clients = common.resolve(args, clients)
-    extra = image_build.values(dep, clients) if args.image else []
+    extra = [render.Value(("training", "model_id"), args.model, f"Gemma 3 {size.upper()}")] if args.model else []
+    extra += image_build.values(dep, clients) if args.image else []
     if args.output:
         path = Path(args.output)
-        text = render.render(dep, render.load(path), extra)
+        text = render.render(dep, existing, extra, size)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
         print(f"wrote {tokens.shown(path)}", file=sys.stderr)
     else:
-        sys.stdout.write(render.render(dep, extra=extra))
+        sys.stdout.write(render.render(dep, extra=extra, size=size))
     return 0
 
 
@@ -99,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(its comments, order and other keys kept). Default: stdout")
     p.add_argument("--image", action="store_true", help="also the training image built by `image build` for these "
                    "sources (an error if it is not built); without it, image keys an earlier --image wrote are removed")
+    p.add_argument("--model", help="the Gemma 3 vision model to fine-tune (training.model_id: a hub id, gs:// or local "
+                   "directory); its size picks the recipe and micro-batch that fit the GPU (config/fits.toml). "
+                   "Default: the values file's training.model_id, else google/gemma-3-4b-it")
+    p.add_argument("--model-size", choices=fits.SIZES, help="the model's Gemma 3 size, when its id does not name it")
     values_check_command.add_flags(p)
     p.set_defaults(handler=cmd_values)
     _register_more(sub)

@@ -20,6 +20,7 @@ from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import CommentMark
 from ruamel.yaml.tokens import CommentToken
 
+from gemma3_ray.config import fits
 from gemma3_ray.config.deployment import Deployment
 from gemma3_ray.config.machine_shapes import GPU_MEMORY_GB, Shape, node_resources
 from gemma3_ray.utils.errors import ConfigError
@@ -43,8 +44,9 @@ def _yaml() -> YAML:
     return y
 
 
-def owned_values(dep: Deployment) -> list[Value]:
-    """The values this plugin sets, in the order they are written. Key names follow the chart's values.yaml."""
+def owned_values(dep: Deployment, size: str = "4b") -> list[Value]:
+    """The values this plugin sets, in the order they are written (`size`: the Gemma 3 size the release trains, for
+    the fit table). Key names follow the chart's values.yaml."""
     out = [
         Value(("serviceAccount", "create"), True, "the chart creates the Kubernetes ServiceAccount the Ray pods run as"),
         Value(("serviceAccount", "name"), dep.ksa,
@@ -72,7 +74,7 @@ def owned_values(dep: Deployment) -> list[Value]:
             for kind in ("requests", "limits"):
                 res[kind] = CommentedMap([("cpu", str(cpu)), ("memory", memory)])
             out.append(Value(("workers", "resources"), res, f"fits one {shape.machine_type} node next to GKE's system pods"))
-        out += training_for_gpu(shape.accelerator)
+        out += training_for_gpu(shape.accelerator, size)
     if dep.reservation:
         out += [
             Value(("capacity", "type"), "reservation", "GPU workers consume the reservation"),
@@ -81,25 +83,25 @@ def owned_values(dep: Deployment) -> list[Value]:
     return out
 
 
-# The trainer's fast recipe (micro-batch 16) peaks at 97-109 GiB per GPU on Gemma 3 4B, batch 8 at 71 GiB
-# (bench/RESULTS.md, H200). Smaller GPUs get a smaller batch, or the tutorial's 4-bit recipe.
-FAST_RECIPE_MIN_GB = 140
-FAST_RECIPE_SMALL_BATCH = 6  # 80-96 GB GPUs: headroom under the 71 GiB measured at batch 8
-FAST_RECIPE_SMALL_MIN_GB = 80
-
-
-def training_for_gpu(accelerator: str) -> list[Value]:
-    """Trainer flags that make the default model fit the GPU (nothing for GPUs of 140 GB and more)."""
-    memory = GPU_MEMORY_GB.get(accelerator)
-    if memory is None or memory >= FAST_RECIPE_MIN_GB:
+def training_for_gpu(accelerator: str, size: str = "4b") -> list[Value]:
+    """Trainer flags that make Gemma 3 `size` fit the GPU, from the measured fit table (config/fits.toml): the
+    cell's recipe and micro-batch where they differ from the trainer's defaults (fast, 16). A size that does not fit
+    the GPU is refused (ConfigError naming what does); an accelerator the table has no class for gets nothing."""
+    cell = fits.fitting(size, accelerator)
+    if cell is None:
         return []
-    if memory >= FAST_RECIPE_SMALL_MIN_GB:
-        return [Value(("training", "per_device_train_batch_size"), FAST_RECIPE_SMALL_BATCH,
-                      f"{accelerator} ({memory} GB): the fast recipe at batch {FAST_RECIPE_SMALL_BATCH} "
-                      "(its default 12 needs ~108 GiB on Gemma 3 4B; bench/RESULTS.md)")]
-    return [Value(("training", "recipe"), "tutorial",
-                  f"{accelerator} ({memory} GB): the tutorial's QLoRA recipe (4-bit, checkpointing, batch 1 x 4) fits; "
-                  "the fast recipe needs ~71-108 GiB on Gemma 3 4B (bench/RESULTS.md)")]
+    memory = GPU_MEMORY_GB.get(accelerator)
+    where = f"{accelerator} ({memory} GB), Gemma 3 {size.upper()}"
+    measured = (f"{cell.peak_gib} GiB reserved, {cell.samples_per_s} samples/s a GPU; {cell.source}" if cell.source
+                else f"derived from {cell.derived}")
+    out = []
+    if cell.recipe != "fast":
+        out.append(Value(("training", "recipe"), cell.recipe,
+                         f"{where}: the tutorial's QLoRA recipe (4-bit, checkpointing) fits; the fit table, fits.toml"))
+    if cell.micro_batch != fits.RECIPE_MICRO_BATCH[cell.recipe]:
+        out.append(Value(("training", "per_device_train_batch_size"), cell.micro_batch,
+                         f"{where}: micro-batch {cell.micro_batch} ({measured})"))
+    return out
 
 
 # The training image's keys (`values --image`, image_build.values): owned like the others, so a run
@@ -120,8 +122,10 @@ _FIXED_OWNED: tuple[tuple[str, ...], ...] = (
 
 def owned_paths() -> tuple[tuple[str, ...], ...]:
     paths = list(_FIXED_OWNED)
-    for accelerator in GPU_MEMORY_GB:
-        paths += [v.path for v in training_for_gpu(accelerator) if v.path not in paths]
+    for cell in fits.table().cells:
+        for accelerator in next(g.accelerators for g in fits.table().gpus if g.name == cell.gpu):
+            if cell.fits:
+                paths += [v.path for v in training_for_gpu(accelerator, cell.size) if v.path not in paths]
     return tuple(paths)
 
 
@@ -331,11 +335,11 @@ def parse_plain(text: str, path: Path) -> dict[str, Any]:
     return doc or {}
 
 
-def render(dep: Deployment, existing: CommentedMap | None = None, extra: Iterable[Value] = ()) -> str:
+def render(dep: Deployment, existing: CommentedMap | None = None, extra: Iterable[Value] = (), size: str = "4b") -> str:
     """The values YAML: a fresh document, or ``existing`` updated in place (its other content kept)."""
     fresh = existing is None or len(existing) == 0
     doc = CommentedMap() if existing is None else existing
-    items = [*owned_values(dep), *extra]
+    items = [*owned_values(dep, size), *extra]
     produced = {item.path for item in items}
     for path in owned_paths():
         if path not in produced:

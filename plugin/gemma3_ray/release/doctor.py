@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gemma3_ray.config import fits
 from gemma3_ray.config.clients import Clients
 from gemma3_ray.config.deployment import Deployment
 from gemma3_ray.gcp import bucket_setup
@@ -13,8 +14,8 @@ from gemma3_ray.kube import cluster, kuberay_crd
 from gemma3_ray.kueue import check as kueue_check
 from gemma3_ray.release import doctor_gke, prereqs
 from gemma3_ray.utils import names
-from gemma3_ray.utils.checks import Check, guard
-from gemma3_ray.utils.errors import UserError, call_google, unreachable
+from gemma3_ray.utils.checks import Check, Warn, guard
+from gemma3_ray.utils.errors import ConfigError, UserError, call_google, unreachable
 
 WI_ANNOTATION = "iam.gke.io/gcp-service-account"
 
@@ -207,9 +208,32 @@ def check_workload_identity(dep: Deployment, clients: Clients, kube: Kube) -> li
     return out
 
 
+def check_fit(values: dict[str, Any] | None) -> list[Check]:
+    """The release's model, recipe and micro-batch against the measured fit table (config/fits.toml): one failing
+    check naming the fix when the values need more memory than was measured on their GPU."""
+    if values is None:
+        return []
+    workers, training = values.get("workers") or {}, values.get("training") or {}
+    accelerator = workers.get("accelerator") or "nvidia-b200"  # the chart's default
+    if accelerator == "none":
+        return []
+    try:
+        size = fits.size_of(training.get("model_id"))
+    except ConfigError as exc:
+        return [Warn("model fit", True, f"{exc} (doctor cannot check the fit)")]
+    problem = fits.check_values(size, accelerator, training.get("recipe"), training.get("per_device_train_batch_size"))
+    if problem:
+        return [Check("model fit", False, problem)]
+    cell = fits.table().cell(size, accelerator)
+    detail = (f"Gemma 3 {size.upper()} on {accelerator}: within the fit table's {cell.recipe} x {cell.micro_batch}"
+              if cell else f"no fit table class for {accelerator}")
+    return [Check("model fit", True, detail) if cell else Warn("model fit", True, detail)]
+
+
 def run_checks(dep: Deployment, clients: Clients, kube: Kube, values: dict[str, Any] | None = None) -> list[Check]:
     names.project_id(dep.project)
     groups: list[tuple[str, Callable[[], list[Check]]]] = [
+        ("model fit", lambda: check_fit(values)),
         ("gcloud auth", lambda: [check_auth(dep, clients)]),
         ("permissions", lambda: [check_permissions(dep, clients)]),
         ("kube context", lambda: [check_context(dep, kube)]),

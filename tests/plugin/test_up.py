@@ -48,6 +48,26 @@ def test_up_refuses_values_the_chart_rejects_before_changing_anything(
     assert values_file.read_text() == "# mine\ntraining:\n  learning_rate: 0.0002\n"
 
 
+def test_up_refuses_a_model_that_does_not_fit_the_gpu_before_changing_anything(
+    gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #46: the model's size (here from a -f file, as helm merges it) against the fit table, before any change."""
+    extra = tmp_path / "mine.yaml"
+    extra.write_text("training:\n  model_id: google/gemma-3-27b-it\n")
+    values_file = tmp_path / "v.yaml"
+    values_file.write_text("# mine\n")
+    rec = Recorder()
+    rc = cli.main(["up", *BASE, "--machine-type", "g2-standard-24", "--kubeconfig", str(tmp_path / "none"),
+                   "--values-file", str(values_file), "-f", str(extra)],
+                  _clients(gcs_iam_emulator, fake_iam, fake_usage, rec))
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and "\n" not in err and "Traceback" not in err
+    assert "Gemma 3 27B does not fit nvidia-l4" in err and "12B" in err
+    assert rec.mutations() == [] and fake_iam.mutations() == [] and fake_usage.mutations() == []
+    assert values_file.read_text() == "# mine\n"
+
+
 def test_up_installs_the_release_with_its_own_identity(
     kube_apiserver: Path, gcs_iam_emulator: str, fake_iam: FakeIAM, fake_usage: FakeServiceUsage, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

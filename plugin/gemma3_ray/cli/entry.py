@@ -77,9 +77,8 @@ def cmd_values(args: argparse.Namespace, clients: Clients | None) -> int:
     existing = render.load(Path(args.output)) if args.output else None
     # The model's size picks the fit table's cell: --model-size, else the id --model gives, else the one the values
     # file already has (training.model_id), else the chart's default (4B). Checked before anything is resolved.
-    training = (existing or {}).get("training")
-    model = args.model or (training.get("model_id") if isinstance(training, dict) else None)
-    size = fits.size_of(model, args.model_size)
+    size = render.model_size([dict(existing or {}), {"training": {"model_id": args.model}} if args.model else {}],
+                             args.model_size)
     dep, clients = common.resolve(args, clients)
     extra = [render.Value(("training", "model_id"), args.model, f"Gemma 3 {size.upper()}")] if args.model else []
     extra += image_build.values(dep, clients) if args.image else []

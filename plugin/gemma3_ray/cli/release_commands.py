@@ -51,7 +51,7 @@ def cmd_up(args: argparse.Namespace, clients: Clients | None) -> int:
     dep, clients = common.resolve(args, clients)
     return up.run(dep, clients, up.Up(apply=apply, hf_token=hf_token, chart=args.chart, values_file=args.values_file,
                                       extra_values=tuple(args.extra_values or ()), image=args.image,
-                                      follow=not args.no_follow), _out)
+                                      follow=not args.no_follow, model_size=args.model_size), _out)
 
 
 def cmd_status(args: argparse.Namespace, clients: Clients | None) -> int:
@@ -111,6 +111,8 @@ def register(sub: argparse._SubParsersAction, add_common: Callable[[argparse.Arg
     p.add_argument("--chart", help="chart directory (default: charts/gemma3-ray beside the plugin)")
     p.add_argument("--values-file", help=f"values file to write/update (default: RELEASE-values.yaml, e.g. {names.PRODUCT}-values.yaml)")
     p.add_argument("-f", "--extra-values", action="append", help="more values files, applied after the generated one")
+    p.add_argument("--model-size", choices=("4b", "12b", "27b"), help="the Gemma 3 size of training.model_id when the "
+                   "id does not name it (the fit table picks the recipe and micro-batch by it)")
     common.add_token_flags(p)
     p.add_argument("--no-follow", action="store_true", help="return after helm instead of following the RayJob")
     p.add_argument("--image", action="store_true", help="use the training image `image build` made (as `values --image`); "

@@ -83,6 +83,14 @@ def owned_values(dep: Deployment, size: str = "4b") -> list[Value]:
     return out
 
 
+def model_size(layers: list[dict[str, Any]], given: str | None = None) -> str:
+    """The Gemma 3 size of the model these values train (`given`, else the last layer's training.model_id, as helm
+    merges them, else the chart's default 4B); ConfigError when the id names no size and none is given."""
+    training = merged(layers).get("training")
+    model = training.get("model_id") if isinstance(training, dict) else None
+    return fits.size_of(model if isinstance(model, str) else None, given)
+
+
 def training_for_gpu(accelerator: str, size: str = "4b") -> list[Value]:
     """Trainer flags that make Gemma 3 `size` fit the GPU, from the measured fit table (config/fits.toml): the
     cell's recipe and micro-batch where they differ from the trainer's defaults (fast, 16). A size that does not fit

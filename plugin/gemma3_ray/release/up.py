@@ -43,6 +43,7 @@ class Up:
     extra_values: tuple[str, ...] = ()  # -f files, applied after the generated one
     image: bool = False  # the training image `image build` made, written into the values
     follow: bool = True  # follow the RayJob until it ends
+    model_size: str | None = None  # the model's Gemma 3 size when its id does not name it (the fit table's cell)
 
 
 def _check_context(dep: Deployment, clients: Clients) -> None:
@@ -64,8 +65,12 @@ def run(dep: Deployment, clients: Clients, want: Up, out: Callable[[str], None])
     # anything changes in Google Cloud, the cluster or the values file.
     path = Path(want.values_file or f"{dep.release}-values.yaml")
     image = image_build.values(dep, clients) if want.image else []
-    text = render.render(dep, render.load(path), image)
-    values = [render.parse_plain(text, path), *(render.load_plain(Path(f)) for f in want.extra_values)]
+    existing = render.load(path)
+    extra = [render.load_plain(Path(f)) for f in want.extra_values]
+    # the model the release trains (the -f files win, as in helm) picks the fit table's recipe and micro-batch
+    size = render.model_size([dict(existing), *extra], want.model_size)
+    text = render.render(dep, existing, image, size)
+    values = [render.parse_plain(text, path), *extra]
     chart = helm_release.chart_path(want.chart)
     helm = helm_release.client(clients.kube.kubeconfig, clients.kube.context)  # helm on PATH, checked before any write
     objects = helm_release.template(helm, dep.release, chart, values, dep.namespace)

@@ -63,7 +63,7 @@ class SessionRay:
     TMPDIR=`worker_tmp` (one directory for the session, so that what a job leaves there is seen by the tests)."""
 
     ENV = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S", "PYTHONPATH",
-           LOOPBACK_ONLY_ENV, "TMPDIR")
+           LOOPBACK_ONLY_ENV, "TMPDIR", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
 
     def __init__(self) -> None:
         self.worker_tmp = Path(tempfile.mkdtemp(prefix="g3r-tmp-", dir="/tmp"))
@@ -87,6 +87,9 @@ class SessionRay:
         os.environ[LOOPBACK_ONLY_ENV] = "0"
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         os.environ["RAY_TRAIN_COLLECTIVE_WARN_INTERVAL_S"] = "600"
+        # Ray Train v2's controller polls its workers every 2 s by default: a job of a few CPU steps waits up to
+        # that long to see them start and again to see them finish (tests only; the chart keeps Ray's default)
+        os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [self.saved["PYTHONPATH"]])])
         tempfile.gettempdir()  # this process keeps its own (tempfile caches it); Ray's processes inherit TMPDIR
         os.environ["TMPDIR"] = str(self.worker_tmp)

@@ -89,6 +89,20 @@ def chart_sets(data_uri: str) -> dict[str, str | int | float | bool]:
         "workers.resources.requests.ephemeral-storage": f"{EPHEMERAL_LIMIT_MIB}Mi"}
 
 
+def epoch_problem(summary: dict, steps: int) -> str | None:
+    """Why the run's summary does not show every row of the epoch trained once, or None: the steps, the epoch
+    whole (not cut short), every row trained, none twice, none left out (ROWS fill whole steps)."""
+    epochs = (summary.get("streaming") or {}).get("epochs") or []
+    seen = epochs[0] if epochs else {}
+    if summary.get("global_step") != steps or len(epochs) != 1 or seen.get("cut_short_by_max_steps"):
+        return (f"step {summary.get('global_step')} of {steps}, epochs {epochs or 'missing'}: not one whole epoch "
+                f"of {steps} steps")
+    if seen.get("rows_trained") != ROWS or seen.get("rows_trained_twice") or seen.get("rows_left_out") != 0:
+        return (f"epoch 0 trained {seen.get('rows_trained')} rows of {ROWS}, {seen.get('rows_trained_twice')} twice, "
+                f"{seen.get('rows_left_out')} left out (ids {seen.get('rows_left_out_ids')}): not every row once")
+    return None
+
+
 def streamed(h: Harness) -> str:
     manifest = _shard(h, _noise_rows(h.out_dir / "streaming-inputs"))
     data_bytes = sum(s["bytes"] for s in manifest["shards"])
@@ -102,12 +116,11 @@ def streamed(h: Harness) -> str:
     summary = h.summary(run)
     stream = summary.get("streaming") or {}
     epochs = stream.get("epochs") or []
-    seen = epochs[0] if epochs else {}
     h.record.facts["streaming"] = {"data_bytes": data_bytes, "ephemeral_limit": limit, "epochs": epochs,
                                    "data_wait_s": stream.get("data_wait_s")}
-    if summary.get("global_step") != steps or seen.get("rows_trained") != ROWS or seen.get("rows_trained_twice"):
-        raise StageError(f"{run.run_uri}: step {summary.get('global_step')} of {steps}, epoch 0 {seen or 'missing'}: "
-                         f"not every one of the {ROWS} rows once")
+    problem = epoch_problem(summary, steps)
+    if problem:
+        raise StageError(f"{run.run_uri}: {problem}")
     wait = stream.get("data_wait_s") or {}
     return (f"{data_bytes / 2**20:.0f} MiB of shards ({len(manifest['shards'])}) streamed by workers limited to "
             f"{EPHEMERAL_LIMIT_MIB} MiB of ephemeral storage: SUCCEEDED at step {steps}, {ROWS} rows once each; data "

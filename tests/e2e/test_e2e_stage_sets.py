@@ -49,3 +49,23 @@ def test_the_check_fails_on_the_defect_it_was_written_for() -> None:
     sets = {**chart_sets("gs://b/d"), "training.streaming": "true"}
     out = _template(sets)
     assert out.returncode != 0 and "/training/streaming" in out.stderr, out.stderr
+
+
+def test_the_streaming_stage_fails_an_epoch_cut_short_or_with_rows_left_out() -> None:
+    """#44: the stage's claim is every row once: a summary whose epoch was cut short by max_steps, or that left rows
+    out (the equal split's drop) fails it, however many rows it trained."""
+    from e2e.stages.streaming import ROWS, epoch_problem
+
+    steps = 32
+    epoch = {"epoch": 0, "rows_trained": ROWS, "rows_trained_twice": 0, "rows_left_out": 0, "rows_left_out_ids": []}
+
+    def summary(**over):
+        return {"global_step": steps, "streaming": {"epochs": [{**epoch, **over}]}}
+
+    assert epoch_problem(summary(), steps) is None
+    cut = {k: v for k, v in epoch.items() if not k.startswith("rows_left_out")}
+    assert "not one whole epoch" in epoch_problem(
+        {"global_step": steps, "streaming": {"epochs": [{**cut, "cut_short_by_max_steps": True}]}}, steps)
+    assert "3 left out" in epoch_problem(summary(rows_left_out=3, rows_left_out_ids=[1, 2, 3]), steps)
+    assert "1 twice" in epoch_problem(summary(rows_trained_twice=1), steps)
+    assert "not one whole epoch" in epoch_problem({"global_step": steps}, steps)

@@ -122,9 +122,17 @@ class StreamingBatches:
         return round(first + len(whole) + part, 4)
 
     def close(self) -> None:
-        """At the end of training (every rank): the record of an epoch max_steps cut short."""
+        """At the end of training (every rank): the record of the epoch max_steps ended. The Trainer stops pulling at
+        max_steps, so the stream never passes the epoch's last yield: the epoch is whole when fewer rows than one step
+        takes are left neither trained nor skipped (no further step could form; a whole epoch always leaves fewer),
+        else cut short. Rank 0 decides (it reads the skipped rows); the other ranks' records are not reported."""
         if getattr(self, "epoch_open", False):
-            self.epochs.append({**self.epoch_record(whole=False), "cut_short_by_max_steps": True})
+            record = self.epoch_record(whole=True)
+            left = record.get("rows_left_out")
+            if left is None or left >= self.plan.global_batch:
+                record = {k: v for k, v in record.items() if k not in ("rows_left_out", "rows_left_out_ids")}
+                record["cut_short_by_max_steps"] = True
+            self.epochs.append(record)
             self.epoch_open = False
 
     def tally(self) -> tuple[Counter, list[tuple[int, int]]]:

@@ -113,6 +113,25 @@ def test_the_rows_an_epoch_leaves_out_are_recorded_by_id(ray_cluster) -> None:
     assert epoch["steps"] == 2 and epoch["rows_trained"] == 8 and epoch["rows_trained_twice"] == 0
 
 
+def test_max_steps_at_an_epochs_last_step_leaves_the_epoch_whole(ray_cluster) -> None:
+    """The Trainer stops pulling at max_steps, so the stream never passes the epoch's last yield (`limit` here): an
+    epoch whose every step was taken is whole, its rows left out recorded by id (fewer than one step takes); one
+    stopped a step earlier is cut short. World 2: the equal split's dropped row is the one left out."""
+    (b,), _ = run(1, plan(9, 2), rows_dataset(list(range(9))), 2, 1, limit=4)
+    (epoch,) = b.epochs
+    assert "cut_short_by_max_steps" not in epoch and epoch["steps"] == 4
+    assert epoch["rows_left_out"] == 1 and epoch["rows_left_out_ids"] == [8] and b.epochs_trained() == 1.0
+
+    (b,), _ = run(1, plan(9, 2), rows_dataset(list(range(9))), 2, 1, limit=3)
+    (epoch,) = b.epochs
+    assert epoch["cut_short_by_max_steps"] and "rows_left_out" not in epoch and epoch["steps"] == 3
+
+    everyone, seen = run(2, plan(9, 4), rows_dataset(list(range(9))), 2, 1, limit=2)
+    epoch = everyone[0].epochs[0]
+    assert "cut_short_by_max_steps" not in epoch and epoch["rows_trained"] == 8
+    assert epoch["rows_left_out_ids"] == sorted(set(range(9)) - set(seen[0]) - set(seen[1]))
+
+
 def test_epochs_in_the_record_are_the_epochs_trained(ray_cluster) -> None:
     """max_steps: 6 steps of 2 over 8 rows: one whole epoch and half the next, 1.5 (not the Trainer's ~1.0)."""
     (b,), _ = run(1, plan(8, 2, epochs=None), rows_dataset(list(range(8))), 2, 1, limit=6)

@@ -177,35 +177,6 @@ def test_a_resumed_epoch_trains_the_rows_its_checkpoint_had_not(processor, ray_c
     assert epoch0["ranks"] == [{"rank": 0, "steps": 3, "rows": 12}]
 
 
-@pytest.mark.parametrize("steps, whole", [(5, True), (2, False)], ids=["last-step", "two-of-five"])
-def test_max_steps_at_the_epochs_last_step_records_a_whole_epoch(processor, ray_cluster, fake_gcs, tmp_path, prefix,
-                                                                 monkeypatch, steps, whole):
-    """The Trainer stops pulling at max_steps, so the stream never passes its last yield: an epoch whose every step
-    was trained (fewer untrained, unskipped rows left than one step takes) is whole, with its rows left out by id,
-    not "cut short by max_steps" (the e2e streaming stage reads rows_left_out); one stopped after 2 of its 5 steps is
-    cut short."""
-    from localkit.sample_data import build_sample_dataset
-
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", fake_gcs)
-    shard(build_sample_dataset(tmp_path / "d", n_rows=20, seed=2), prefix, fake_gcs)
-    args = parse_args([*COMMON, "--num_train_epochs=1", f"--dataset_name={prefix}", "--streaming=true"])
-    setup = streaming.StreamSetup(shards=shard_manifest.to_config(shard_manifest.check_for_run(args)),
-                                  storage=Storage(root=f"gs://{GCS_BUCKET}/stream-runs/whole", emulator_host=fake_gcs))
-    batches, *_ = streaming.prepare_stream(args, processor, setup, 2, 2)
-    it = iter(batches)
-    for _ in range(steps * 2):  # the Trainer's pulls: micro-batches of its steps, none after the last
-        next(it)
-    batches.close()
-    (epoch0,) = batches.epochs
-    assert epoch0["steps"] == steps and epoch0["rows_trained"] == 4 * steps
-    if whole:
-        assert "cut_short_by_max_steps" not in epoch0
-        assert epoch0["rows_left_out"] == 0 and epoch0["rows_left_out_ids"] == []
-        assert batches.epochs_trained() == 1.0
-    else:
-        assert epoch0["cut_short_by_max_steps"] is True and "rows_left_out" not in epoch0
-
-
 def test_the_driver_refuses_a_damaged_shard_or_a_missing_column_before_any_worker(
         fake_gcs, tmp_path, prefix, monkeypatch, capsys):
     from localkit.sample_data import build_sample_dataset

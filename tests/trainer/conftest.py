@@ -106,6 +106,12 @@ class SessionRay:
 
         if not self.running:
             return
+        # what the module's Ray tests left for the garbage collector (a suspended stream's Ray Data iterator) is
+        # finalized here, with Ray still up, not inside a later test: a finalizer that ran inside CPython 3.11.7's
+        # ast.parse failed test_layering with "AST constructor recursion depth mismatch"
+        import gc
+
+        gc.collect()
         ray.shutdown()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         self.temp_dir = None
